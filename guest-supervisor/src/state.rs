@@ -1,0 +1,279 @@
+//! The one owner of the status the supervisor reports.
+//!
+//! Writers (preparation, the service runner, the self-probe) change only their
+//! own inputs; `phase`, `ready` and `ready_since` are *derived* here in one
+//! place, so no two writers can disagree about them. Readers (the socket,
+//! `watch` streams) subscribe to a `tokio::sync::watch` channel, which is how
+//! `watch` pushes every change without polling.
+
+use chrono::{DateTime, Utc};
+use dormouse_protocol::{
+    CheckStatus, ContainerStartIdentity, GuestStatus, HealthReport, Phase, ServiceRunState,
+    ServiceState,
+};
+use tokio::sync::watch;
+
+/// The inputs the status is derived from.
+#[derive(Debug, Clone)]
+struct Inputs {
+    preparing: bool,
+    stopping: bool,
+    services: Vec<ServiceState>,
+    /// Bumped whenever a service starts, stops or restarts: a health report
+    /// probed against an older epoch no longer proves readiness.
+    services_epoch: u64,
+    health: Option<(u64, HealthReport)>,
+    /// A crash loop or preparation failure, set by the service runner.
+    service_problem: Option<String>,
+    ready_since: Option<DateTime<Utc>>,
+}
+
+/// Shared, cheaply clonable handle to the supervisor's status.
+#[derive(Debug, Clone)]
+pub struct StatusCell {
+    identity: ContainerStartIdentity,
+    inputs: std::sync::Arc<std::sync::Mutex<Inputs>>,
+    tx: watch::Sender<GuestStatus>,
+}
+
+impl StatusCell {
+    /// A cell in phase `preparing` for this container start.
+    pub fn new(identity: ContainerStartIdentity) -> Self {
+        let inputs = Inputs {
+            preparing: true,
+            stopping: false,
+            services: Vec::new(),
+            services_epoch: 0,
+            health: None,
+            service_problem: None,
+            ready_since: None,
+        };
+        let status = derive(&identity, &inputs);
+        let (tx, _) = watch::channel(status);
+        Self {
+            identity,
+            inputs: std::sync::Arc::new(std::sync::Mutex::new(inputs)),
+            tx,
+        }
+    }
+
+    /// This container start.
+    pub fn identity(&self) -> &ContainerStartIdentity {
+        &self.identity
+    }
+
+    /// The current status.
+    pub fn snapshot(&self) -> GuestStatus {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that sees every later change (for `watch`).
+    pub fn subscribe(&self) -> watch::Receiver<GuestStatus> {
+        self.tx.subscribe()
+    }
+
+    /// The epoch of the service set; the probe records it with its report.
+    pub fn services_epoch(&self) -> u64 {
+        self.lock().services_epoch
+    }
+
+    /// Preparation finished (services may start).
+    pub fn set_prepared(&self) {
+        self.update(|i| i.preparing = false);
+    }
+
+    /// A graceful stop began.
+    pub fn set_stopping(&self) {
+        self.update(|i| i.stopping = true);
+    }
+
+    /// Replaces the service table. Any change of a service's state or pid
+    /// starts a new epoch, so the next probe must pass again.
+    pub fn set_services(&self, services: Vec<ServiceState>, problem: Option<String>) {
+        self.update(|i| {
+            let changed = i.services.len() != services.len()
+                || i.services
+                    .iter()
+                    .zip(&services)
+                    .any(|(a, b)| a.name != b.name || a.state != b.state || a.pid != b.pid);
+            if changed {
+                i.services_epoch += 1;
+            }
+            i.services = services;
+            i.service_problem = problem;
+        });
+    }
+
+    /// Records a probe report made against `epoch`.
+    pub fn set_health(&self, epoch: u64, report: HealthReport) {
+        self.update(|i| i.health = Some((epoch, report)));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inputs> {
+        // A poisoned lock only means a writer panicked mid-update; the inputs
+        // are plain data and still the best we know.
+        self.inputs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Inputs)) {
+        let mut inputs = self.lock();
+        f(&mut inputs);
+        let mut status = derive(&self.identity, &inputs);
+        match (status.ready, inputs.ready_since) {
+            (true, None) => inputs.ready_since = Some(Utc::now()),
+            (false, Some(_)) => inputs.ready_since = None,
+            _ => {}
+        }
+        status.ready_since = inputs.ready_since;
+        self.tx.send_if_modified(|current| {
+            if *current == status {
+                false
+            } else {
+                *current = status;
+                true
+            }
+        });
+    }
+}
+
+fn derive(identity: &ContainerStartIdentity, i: &Inputs) -> GuestStatus {
+    let all_running = !i.services.is_empty()
+        && i.services
+            .iter()
+            .all(|s| s.state == ServiceRunState::Running);
+    let any_failed = i
+        .services
+        .iter()
+        .any(|s| matches!(s.state, ServiceRunState::Failed));
+    let current_health = i
+        .health
+        .as_ref()
+        .filter(|(epoch, _)| *epoch == i.services_epoch)
+        .map(|(_, h)| h);
+    let health_ok = current_health.map(|h| h.overall);
+
+    let ready = !i.preparing
+        && !i.stopping
+        && all_running
+        && health_ok.is_some_and(|s| s != CheckStatus::Fail);
+    let phase = if i.stopping {
+        Phase::Stopping
+    } else if i.preparing {
+        Phase::Preparing
+    } else if any_failed
+        || i.service_problem.is_some()
+        || (ready && health_ok == Some(CheckStatus::Degraded))
+    {
+        Phase::Degraded
+    } else if ready {
+        Phase::Ready
+    } else {
+        Phase::Starting
+    };
+    let problem = i.service_problem.clone().or_else(|| {
+        current_health
+            .filter(|h| h.overall != CheckStatus::Ok)
+            .map(|h| {
+                h.checks
+                    .iter()
+                    .filter(|c| c.status != CheckStatus::Ok)
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+    });
+    GuestStatus {
+        phase,
+        ready,
+        ready_since: i.ready_since,
+        identity: identity.clone(),
+        services: i.services.clone(),
+        health: i.health.as_ref().map(|(_, h)| h.clone()),
+        problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dormouse_protocol::Check;
+
+    fn identity() -> ContainerStartIdentity {
+        ContainerStartIdentity {
+            boot_id: "b".into(),
+            pid_ns_inode: 1,
+            pid1_start_time: 2,
+        }
+    }
+
+    fn service(name: &str, state: ServiceRunState, pid: u32) -> ServiceState {
+        ServiceState {
+            name: name.into(),
+            state,
+            pid: Some(pid),
+            restarts: 0,
+            last_exit: None,
+            ready_since: None,
+        }
+    }
+
+    fn report(status: CheckStatus) -> HealthReport {
+        HealthReport::from_checks(vec![Check::new("x_display", status, "")], Utc::now())
+    }
+
+    #[test]
+    fn ready_needs_a_probe_of_the_current_services() {
+        let cell = StatusCell::new(identity());
+        assert_eq!(cell.snapshot().phase, Phase::Preparing);
+        cell.set_prepared();
+        cell.set_services(vec![service("xvfb", ServiceRunState::Running, 10)], None);
+        assert_eq!(cell.snapshot().phase, Phase::Starting);
+        cell.set_health(cell.services_epoch(), report(CheckStatus::Ok));
+        let status = cell.snapshot();
+        assert!(status.ready);
+        assert_eq!(status.phase, Phase::Ready);
+        assert!(status.ready_since.is_some());
+
+        // A restart (new pid) makes the old report stale until re-probed.
+        cell.set_services(vec![service("xvfb", ServiceRunState::Running, 11)], None);
+        assert!(!cell.snapshot().ready);
+        assert!(cell.snapshot().ready_since.is_none());
+        cell.set_health(cell.services_epoch(), report(CheckStatus::Ok));
+        assert!(cell.snapshot().ready);
+    }
+
+    #[test]
+    fn a_failed_probe_is_never_ready() {
+        let cell = StatusCell::new(identity());
+        cell.set_prepared();
+        cell.set_services(vec![service("xvfb", ServiceRunState::Running, 10)], None);
+        cell.set_health(cell.services_epoch(), report(CheckStatus::Fail));
+        let status = cell.snapshot();
+        assert!(!status.ready);
+        assert_eq!(status.phase, Phase::Starting);
+        assert!(status.problem.is_some());
+    }
+
+    #[test]
+    fn crash_loop_degrades_and_stopping_wins() {
+        let cell = StatusCell::new(identity());
+        cell.set_prepared();
+        cell.set_services(
+            vec![service("vnc", ServiceRunState::Failed, 10)],
+            Some("vnc: crash loop".into()),
+        );
+        assert_eq!(cell.snapshot().phase, Phase::Degraded);
+        assert_eq!(cell.snapshot().problem.as_deref(), Some("vnc: crash loop"));
+        cell.set_stopping();
+        assert_eq!(cell.snapshot().phase, Phase::Stopping);
+    }
+
+    #[test]
+    fn subscribers_see_changes() {
+        let cell = StatusCell::new(identity());
+        let mut rx = cell.subscribe();
+        cell.set_prepared();
+        assert!(rx.has_changed().expect("sender alive"));
+        assert_eq!(rx.borrow_and_update().phase, Phase::Starting);
+    }
+}

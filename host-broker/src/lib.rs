@@ -1,0 +1,1 @@
+//! `dormouse-broker`: the host side of Dormouse.

@@ -1,0 +1,182 @@
+//! Types of the broker's public HTTP/WebSocket API (`/v1/...`).
+//!
+//! These names are a contract with every frontend; add fields, never rename.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::guest::Phase;
+use crate::health::HealthReport;
+
+/// Header carrying the caller's fencing generation on mutating calls.
+pub const GENERATION_HEADER: &str = "Dormouse-Generation";
+
+/// What the engine says of a computer's container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerState {
+    /// The container runs.
+    Running,
+    /// The container exists and is not running.
+    Stopped,
+    /// The engine has no such container.
+    Missing,
+    /// The engine could not be asked.
+    Unknown,
+}
+
+/// Why a desktop was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The idle timer stopped it.
+    Idle,
+    /// Someone asked for a stop.
+    Manual,
+    /// The broker stopped it while shutting down a host.
+    Shutdown,
+    /// A fencing takeover stopped the previous holder's work.
+    Fenced,
+    /// The engine reports it was killed (not by the broker).
+    Killed,
+    /// The engine reports the kernel's OOM killer ended it.
+    Oom,
+}
+
+/// The idle timer of one computer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleStatus {
+    /// The quiet window after which the desktop is stopped.
+    pub timeout_ms: u64,
+    /// How long it has been quiet.
+    pub idle_for_ms: u64,
+    /// When it will be stopped; `null` while busy or stopped.
+    pub stops_at: Option<DateTime<Utc>>,
+}
+
+/// What the broker serves about one computer; pushed on `/v1/events` too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputerStatus {
+    /// The computer's UUID.
+    pub id: Uuid,
+    /// Human name.
+    pub name: String,
+    /// Owner key.
+    pub owner: String,
+    /// What the engine says of the container.
+    pub container: ContainerState,
+    /// `true` only when the guest's self-probe passed after this container start.
+    pub ready: bool,
+    /// The guest's phase while it runs.
+    pub phase: Option<Phase>,
+    /// Why it is not ready or degraded, for people.
+    pub problem: Option<String>,
+    /// Why it stopped, when the broker knows for sure.
+    pub stop_reason: Option<StopReason>,
+    /// When the engine says it stopped.
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// Whether `start` would be allowed now.
+    pub resumable: bool,
+    /// Why `start` would be refused.
+    pub resumable_problem: Option<String>,
+    /// The current fencing generation.
+    pub generation: u64,
+    /// The guest's latest health report.
+    pub health: Option<HealthReport>,
+    /// The immutable image ID the container was created from.
+    pub image_id: String,
+    /// The idle timer.
+    pub idle: Option<IdleStatus>,
+}
+
+/// An item of the `/v1/events` WebSocket stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BrokerEvent {
+    /// A computer's status changed (or is sent on connect).
+    Status {
+        /// The new status.
+        computer: Box<ComputerStatus>,
+    },
+    /// A computer was removed.
+    Removed {
+        /// Its id.
+        id: Uuid,
+    },
+}
+
+/// `POST /v1/computers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateComputer {
+    /// Human name; defaults to a short form of the id.
+    pub name: Option<String>,
+    /// Owner key; defaults to `default`.
+    pub owner: Option<String>,
+    /// Re-adopt the workspace a removed computer left behind.
+    pub workspace_from: Option<Uuid>,
+}
+
+/// `PATCH /v1/computers/{id}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchComputer {
+    /// A new idle window for this computer, at least one second.
+    pub idle_timeout_ms: Option<u64>,
+}
+
+/// `POST /v1/computers/{id}/lease`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who asks, e.g. a controller's instance name.
+    pub holder: String,
+    /// How long the lease lives unless renewed.
+    pub ttl_ms: u64,
+}
+
+/// The answer to a lease request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// The fencing generation to send as `Dormouse-Generation`.
+    pub generation: u64,
+    /// The holder it was granted to.
+    pub holder: String,
+    /// When it expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The body of every API error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// The error.
+    pub error: ApiErrorBody,
+}
+
+/// Code and message of an API error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiErrorBody {
+    /// Stable machine-readable code, e.g. `not_found`, `stale_generation`.
+    pub code: String,
+    /// For people.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_create_fields_are_refused() {
+        assert!(serde_json::from_str::<CreateComputer>(r#"{"nmae":"x"}"#).is_err());
+        assert!(serde_json::from_str::<CreateComputer>("{}").is_ok());
+    }
+
+    #[test]
+    fn events_are_tagged() {
+        let id = Uuid::nil();
+        let json = serde_json::to_value(BrokerEvent::Removed { id }).expect("json");
+        assert_eq!(json["type"], "removed");
+    }
+}

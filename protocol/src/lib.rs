@@ -1,0 +1,39 @@
+//! Wire types spoken between the Dormouse guest supervisor, the host broker and
+//! the broker's clients, and the framing used on the guest socket.
+//!
+//! This crate owns the *shape* of every message and nothing else: no I/O
+//! runtime, no policy. It must never depend on tokio, so both the PID-1
+//! supervisor and small clients can use it.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod frame;
+pub mod guest;
+pub mod health;
+
+pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
+pub use guest::{
+    Activity, BusyProcess, ContainerStartIdentity, GuestStatus, Hello, Phase, Quiesced, Request,
+    Response, ServiceRunState, ServiceState,
+};
+pub use health::{Check, CheckStatus, HealthReport, HEALTH_SCHEMA_VERSION};
+
+/// Version of the guest protocol. Bumped on any change a peer of the previous
+/// version could misread. Frames carry it in their `v` field; a peer refuses
+/// frames of a newer version with [`FrameError::UnsupportedVersion`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Image label carrying the guest protocol version the image's supervisor speaks.
+pub const LABEL_PROTOCOL: &str = "dev.dormouse.protocol";
+/// Image label carrying the content hash of the image recipe and supervisor binary.
+pub const LABEL_RECIPE: &str = "dev.dormouse.recipe";
+/// Container label carrying the computer's UUID.
+pub const LABEL_COMPUTER: &str = "dev.dormouse.computer";
+/// Container label carrying the computer's owner key.
+pub const LABEL_OWNER: &str = "dev.dormouse.owner";
+
+/// Path of the supervisor socket inside the guest.
+pub const GUEST_SOCKET_PATH: &str = "/run/dormouse/supervisor.sock";
+/// File name of the supervisor socket inside the run directory.
+pub const SOCKET_FILE_NAME: &str = "supervisor.sock";
