@@ -1,1 +1,16 @@
-//! `dormouse-broker`: the host side of Dormouse.
+//! `dormouse-broker`: the host side of Dormouse. It only creates, starts,
+//! stops, removes and fences desktop containers, and serves their status.
+//!
+//! `api/` parses HTTP into [`command::Command`]s; one owner task holds every
+//! computer's state and is the only code that touches the engine or the disk.
+
+#![forbid(unsafe_code)]
+
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod metrics;
+
+pub use command::{BrokerHandle, Command};
+pub use config::BrokerConfig;
+pub use error::BrokerError;

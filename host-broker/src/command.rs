@@ -1,0 +1,142 @@
+//! The seam between the API layer and the one task that owns the broker's
+//! state (firecracker's split): handlers parse a request into a [`Command`],
+//! send it over a channel and await the reply. No handler touches the engine
+//! or the disk itself.
+
+use dormouse_protocol::api::{
+    BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
+};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::error::BrokerError;
+
+/// Reply channel of a command.
+pub type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
+
+/// A fencing generation sent by the caller (`Dormouse-Generation`), if any.
+pub type Fence = Option<u64>;
+
+/// Everything a client can ask the broker core to do.
+#[derive(Debug)]
+pub enum Command {
+    /// Create and start a new computer.
+    Create(CreateComputer, Reply<ComputerStatus>),
+    /// Every computer's status.
+    List(Reply<Vec<ComputerStatus>>),
+    /// One computer's status (never renews the idle timer).
+    Get(Uuid, Reply<ComputerStatus>),
+    /// Resume a stopped computer.
+    Start(Uuid, Fence, Reply<ComputerStatus>),
+    /// Stop a running computer (reason `manual`).
+    Stop(Uuid, Fence, Reply<ComputerStatus>),
+    /// Remove a computer; `purge` also deletes its workspace.
+    Remove {
+        /// Which computer.
+        id: Uuid,
+        /// Delete the workspace too.
+        purge: bool,
+        /// Caller's generation.
+        fence: Fence,
+        /// Reply.
+        reply: Reply<()>,
+    },
+    /// Renew the idle timer.
+    Touch(Uuid, Fence, Reply<ComputerStatus>),
+    /// Change per-computer settings.
+    Patch(Uuid, PatchComputer, Fence, Reply<ComputerStatus>),
+    /// Take or renew the fencing lease.
+    Lease(Uuid, LeaseRequest, Reply<LeaseGrant>),
+    /// A PNG of the screen (never renews the idle timer).
+    Screenshot(Uuid, Reply<Vec<u8>>),
+}
+
+/// Clonable handle the API layer and the CLI-in-process tests use.
+#[derive(Debug, Clone)]
+pub struct BrokerHandle {
+    tx: mpsc::Sender<Command>,
+    events: broadcast::Sender<BrokerEvent>,
+}
+
+impl BrokerHandle {
+    /// A handle over the owner's command channel and event broadcast.
+    pub fn new(tx: mpsc::Sender<Command>, events: broadcast::Sender<BrokerEvent>) -> Self {
+        Self { tx, events }
+    }
+
+    /// Every status change of every computer, from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<BrokerEvent> {
+        self.events.subscribe()
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, BrokerError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| BrokerError::Internal("broker core is not running".into()))?;
+        rx.await
+            .map_err(|_| BrokerError::Internal("broker core dropped the request".into()))?
+    }
+
+    /// See [`Command::Create`].
+    pub async fn create(&self, req: CreateComputer) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Create(req, r)).await
+    }
+
+    /// See [`Command::List`].
+    pub async fn list(&self) -> Result<Vec<ComputerStatus>, BrokerError> {
+        self.ask(Command::List).await
+    }
+
+    /// See [`Command::Get`].
+    pub async fn get(&self, id: Uuid) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Get(id, r)).await
+    }
+
+    /// See [`Command::Start`].
+    pub async fn start(&self, id: Uuid, fence: Fence) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Start(id, fence, r)).await
+    }
+
+    /// See [`Command::Stop`].
+    pub async fn stop(&self, id: Uuid, fence: Fence) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Stop(id, fence, r)).await
+    }
+
+    /// See [`Command::Remove`].
+    pub async fn remove(&self, id: Uuid, purge: bool, fence: Fence) -> Result<(), BrokerError> {
+        self.ask(|reply| Command::Remove {
+            id,
+            purge,
+            fence,
+            reply,
+        })
+        .await
+    }
+
+    /// See [`Command::Touch`].
+    pub async fn touch(&self, id: Uuid, fence: Fence) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Touch(id, fence, r)).await
+    }
+
+    /// See [`Command::Patch`].
+    pub async fn patch(
+        &self,
+        id: Uuid,
+        patch: PatchComputer,
+        fence: Fence,
+    ) -> Result<ComputerStatus, BrokerError> {
+        self.ask(|r| Command::Patch(id, patch, fence, r)).await
+    }
+
+    /// See [`Command::Lease`].
+    pub async fn lease(&self, id: Uuid, req: LeaseRequest) -> Result<LeaseGrant, BrokerError> {
+        self.ask(|r| Command::Lease(id, req, r)).await
+    }
+
+    /// See [`Command::Screenshot`].
+    pub async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, BrokerError> {
+        self.ask(|r| Command::Screenshot(id, r)).await
+    }
+}

@@ -1,0 +1,62 @@
+//! The broker's configuration, filled by `dormoused`'s flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Resource limits every desktop container gets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceLimits {
+    /// CPUs (fractional), e.g. 2.0.
+    pub cpus: f64,
+    /// Memory limit in bytes; swap is limited to the same (no extra swap).
+    pub memory_bytes: i64,
+    /// Maximum number of processes.
+    pub pids: i64,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        Self {
+            cpus: 2.0,
+            memory_bytes: 4 * 1024 * 1024 * 1024,
+            pids: 2048,
+        }
+    }
+}
+
+/// Everything the broker core needs.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// State directory: `computers/`, `stops/`, `token`.
+    pub data_dir: PathBuf,
+    /// Image reference or ID for new computers; resolved to an immutable ID.
+    pub image: String,
+    /// Default idle window (at least one second).
+    pub idle_timeout: Duration,
+    /// Most running desktops created by this broker.
+    pub max_instances: u32,
+    /// Limits for new containers.
+    pub limits: ResourceLimits,
+    /// Bound for `quiesce` through the supervisor before an engine stop.
+    pub quiesce_timeout: Duration,
+    /// Grace the engine gives the container after SIGTERM.
+    pub stop_timeout: Duration,
+    /// How long `start` waits for the guest socket before reporting.
+    pub ready_timeout: Duration,
+}
+
+impl BrokerConfig {
+    /// Defaults around a data directory.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            image: "dormouse/desktop:latest".into(),
+            idle_timeout: Duration::from_secs(8 * 3600),
+            max_instances: 2,
+            limits: ResourceLimits::default(),
+            quiesce_timeout: Duration::from_secs(5),
+            stop_timeout: Duration::from_secs(10),
+            ready_timeout: Duration::from_secs(60),
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Counters the core updates and `GET /metrics` renders (Prometheus text).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds (ms) of the resume-latency histogram buckets.
+pub const RESUME_BUCKETS_MS: &[u64] = &[250, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000, 30000];
+
+/// Process-wide broker metrics; cheap to update from any task.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    resume_buckets: [AtomicU64; 10],
+    resume_count: AtomicU64,
+    resume_sum_ms: AtomicU64,
+    idle_stops: AtomicU64,
+    fencing_rejections: AtomicU64,
+}
+
+impl Metrics {
+    /// Records one resume → ready latency.
+    pub fn observe_resume(&self, ms: u64) {
+        for (bucket, bound) in self.resume_buckets.iter().zip(RESUME_BUCKETS_MS) {
+            if ms <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.resume_count.fetch_add(1, Ordering::Relaxed);
+        self.resume_sum_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+
+    /// Counts a stop made by the idle timer.
+    pub fn idle_stop(&self) {
+        self.idle_stops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a call refused for a stale or missing generation.
+    pub fn fencing_rejection(&self) {
+        self.fencing_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition; `by_state` is (container state, count).
+    pub fn render(&self, by_state: &[(&str, u64)]) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP dormouse_desktops Desktops by container state.");
+        let _ = writeln!(out, "# TYPE dormouse_desktops gauge");
+        for (state, n) in by_state {
+            let _ = writeln!(out, "dormouse_desktops{{state=\"{state}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP dormouse_resume_seconds Resume to ready latency."
+        );
+        let _ = writeln!(out, "# TYPE dormouse_resume_seconds histogram");
+        for (bucket, bound) in self.resume_buckets.iter().zip(RESUME_BUCKETS_MS) {
+            let _ = writeln!(
+                out,
+                "dormouse_resume_seconds_bucket{{le=\"{}\"}} {}",
+                *bound as f64 / 1000.0,
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.resume_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "dormouse_resume_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "dormouse_resume_seconds_sum {}",
+            self.resume_sum_ms.load(Ordering::Relaxed) as f64 / 1000.0
+        );
+        let _ = writeln!(out, "dormouse_resume_seconds_count {count}");
+        let _ = writeln!(
+            out,
+            "# HELP dormouse_idle_stops_total Desktops stopped by the idle timer."
+        );
+        let _ = writeln!(out, "# TYPE dormouse_idle_stops_total counter");
+        let _ = writeln!(
+            out,
+            "dormouse_idle_stops_total {}",
+            self.idle_stops.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(out, "# HELP dormouse_fencing_rejections_total Calls refused for a stale or missing generation.");
+        let _ = writeln!(out, "# TYPE dormouse_fencing_rejections_total counter");
+        let _ = writeln!(
+            out,
+            "dormouse_fencing_rejections_total {}",
+            self.fencing_rejections.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let m = Metrics::default();
+        m.observe_resume(300);
+        m.observe_resume(1200);
+        let text = m.render(&[("running", 1)]);
+        assert!(text.contains("dormouse_resume_seconds_bucket{le=\"0.25\"} 0"));
+        assert!(text.contains("dormouse_resume_seconds_bucket{le=\"0.5\"} 1"));
+        assert!(text.contains("dormouse_resume_seconds_bucket{le=\"1.5\"} 2"));
+        assert!(text.contains("dormouse_resume_seconds_count 2"));
+        assert!(text.contains("dormouse_desktops{state=\"running\"} 1"));
+    }
+}
