@@ -1,1 +1,147 @@
-//! Shared helpers of the end-to-end tests (see `tests/tests/`).
+//! Support for tests that run against the real Docker engine: skipping (or, under
+//! `CI=true`, failing) when there is no engine, unique labelled names, and
+//! guards that remove what a test made even when it panics.
+//!
+//! Used by the end-to-end tests in `tests/tests/` and by the real-engine tests
+//! of the supervisor and broker crates (as a dev-dependency).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Label every container a test makes carries, so `docker rm` can find strays.
+pub const TEST_LABEL: &str = "dev.dormouse.test";
+
+/// Image tests run by default.
+pub const DEFAULT_IMAGE: &str = "dormouse/desktop:latest";
+
+/// Whether the engine answers. Without it: under `CI=true` this panics (a test
+/// that needs Docker must never skip silently there), else it prints a visible
+/// message and returns `false` so the caller can return early.
+pub fn docker_available(test: &str) -> bool {
+    let ok = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: the Docker engine is not reachable and CI=true: failing, not skipping");
+        }
+        eprintln!("SKIPPED {test}: no Docker engine reachable (set CI=true to make this fail)");
+    }
+    ok
+}
+
+/// The desktop image under test: `$DORMOUSE_TEST_IMAGE` or `dormouse/desktop:latest`.
+/// Returns `None` (with a visible message, or a panic under `CI=true`) when absent.
+pub fn desktop_image(test: &str) -> Option<String> {
+    let image = std::env::var("DORMOUSE_TEST_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
+    let out = docker(&["image", "inspect", "--format", "{{.Id}}", &image]);
+    if out.status.success() {
+        return Some(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: image {image} is missing and CI=true: run scripts/build-image first");
+    }
+    eprintln!("SKIPPED {test}: image {image} missing (run scripts/build-image)");
+    None
+}
+
+/// A name unique to this process and call: `<prefix>-<pid>-<n>-<nanos>`.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{}-{nanos:x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs `docker` with these arguments.
+pub fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("the docker CLI can be spawned")
+}
+
+/// Runs `docker` and returns trimmed stdout, panicking with stderr on failure.
+pub fn docker_ok(args: &[&str]) -> String {
+    let out = docker(args);
+    assert!(
+        out.status.success(),
+        "docker {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Removes a container (and its anonymous volumes) when dropped.
+#[derive(Debug)]
+pub struct ContainerGuard {
+    /// Container name.
+    pub name: String,
+}
+
+impl ContainerGuard {
+    /// Guards a container by name (it need not exist yet).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        let _ = docker(&["rm", "-f", "-v", &self.name]);
+    }
+}
+
+/// A temporary directory that is removed when dropped, even if files in it
+/// belong to uid 1000 from inside a container (we run as root on CI).
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `$TMPDIR/<prefix>-<unique>`.
+    pub fn new(prefix: &str) -> Self {
+        let path = std::env::temp_dir().join(unique_name(prefix));
+        std::fs::create_dir_all(&path).unwrap();
+        Self { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Removes every container with [`TEST_LABEL`] whose name starts with `prefix`;
+/// a safety net for runs that were killed before their guards dropped.
+pub fn remove_stray_containers(prefix: &str) {
+    let ids = docker_ok(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label={TEST_LABEL}"),
+        "--filter",
+        &format!("name={prefix}"),
+    ]);
+    for id in ids.lines().filter(|l| !l.is_empty()) {
+        let _ = docker(&["rm", "-f", "-v", id]);
+    }
+}
