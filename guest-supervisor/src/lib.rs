@@ -9,4 +9,4 @@ pub mod config;
 pub mod state;
 
 pub use config::Config;
-pub use state::StatusCell;
+pub use state::{QuiesceRequest, StatusCell};

@@ -277,3 +277,13 @@ mod tests {
         assert_eq!(rx.borrow_and_update().phase, Phase::Starting);
     }
 }
+
+/// A request to close the browsers cleanly before a stop, served by the
+/// service runner; the socket's `quiesce` sends one and awaits the reply.
+#[derive(Debug)]
+pub struct QuiesceRequest {
+    /// Upper bound for the whole quiesce.
+    pub timeout: std::time::Duration,
+    /// Where the outcome goes.
+    pub reply: tokio::sync::oneshot::Sender<dormouse_protocol::Quiesced>,
+}
