@@ -48,6 +48,22 @@ pub struct Config {
     pub busy_cpu_percent: f64,
     /// Upper bound for a graceful stop, in milliseconds.
     pub stop_timeout_ms: u64,
+    /// Most guest-socket connections served at once; more are closed at once.
+    pub socket_max_connections: usize,
+    /// How long a connection may stay silent between requests (not `watch`), ms.
+    pub socket_idle_timeout_ms: u64,
+    /// Bound for the rest of a frame once its first byte arrived, and for
+    /// every write to a client, ms.
+    pub socket_io_timeout_ms: u64,
+    /// Largest quiesce bound a client may ask for, ms.
+    pub quiesce_max_ms: u64,
+    /// How long `activity` samples the CPU use of uid-1000 processes, ms.
+    pub busy_sample_ms: u64,
+    /// Bound for each step of the self-probe (X, VNC) and for a screenshot, ms.
+    pub probe_timeout_ms: u64,
+    /// Re-probe a probed desktop this often even without service changes, ms
+    /// (0: only when the service set changes).
+    pub reprobe_interval_ms: u64,
 }
 
 impl Default for Config {
@@ -70,6 +86,13 @@ impl Default for Config {
             workspace_min_free_mib: 64,
             busy_cpu_percent: 20.0,
             stop_timeout_ms: 5000,
+            socket_max_connections: 64,
+            socket_idle_timeout_ms: 10_000,
+            socket_io_timeout_ms: 5_000,
+            quiesce_max_ms: 60_000,
+            busy_sample_ms: 200,
+            probe_timeout_ms: 5_000,
+            reprobe_interval_ms: 60_000,
         }
     }
 }

@@ -5,8 +5,13 @@
 //! fixed sleeps, probes its own readiness, stops gracefully, and reports over
 //! `/run/dormouse/supervisor.sock`. The binary in `main.rs` is a thin shell.
 
+pub mod activity;
 pub mod config;
+pub mod probe;
+pub mod screenshot;
+pub mod socket;
 pub mod state;
+pub mod x_client;
 
 pub use config::Config;
 pub use state::{QuiesceRequest, StatusCell};

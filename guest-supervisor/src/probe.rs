@@ -1,0 +1,1060 @@
+//! The readiness self-probe: proves to the supervisor itself that a person or
+//! an agent can use the desktop now.
+//!
+//! Owns the health checks (`x_display`, `window_manager`, `vnc`, `screenshot`,
+//! `browser_profiles`, `workspace`, `identity`, and `services` when the
+//! service table is known) and the loop that re-probes whenever the service
+//! set changes. It only *reports*: it writes the report into the
+//! [`StatusCell`] (which alone derives `ready`), and it never restarts,
+//! signals or repairs anything it finds broken — that is the service
+//! runner's and the preparation's job.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use dormouse_protocol::{
+    Check, CheckStatus, ContainerStartIdentity, HealthReport, Phase, ServiceRunState, ServiceState,
+};
+use tokio::io::AsyncReadExt as _;
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+use x11rb::rust_connection::RustConnection;
+
+use crate::config::Config;
+use crate::screenshot::{self, CaptureStats, CountingWriter};
+use crate::state::StatusCell;
+use crate::x_client::{self, XError};
+
+/// Check names, stable for clients.
+pub mod checks {
+    /// The X display answers with the configured root geometry.
+    pub const X_DISPLAY: &str = "x_display";
+    /// A window manager announced itself on the root window.
+    pub const WINDOW_MANAGER: &str = "window_manager";
+    /// The VNC server speaks RFB on loopback.
+    pub const VNC: &str = "vnc";
+    /// A complete capture of the whole screen could be made.
+    pub const SCREENSHOT: &str = "screenshot";
+    /// The browser profile links point into the workspace.
+    pub const BROWSER_PROFILES: &str = "browser_profiles";
+    /// The workspace is writable, persistent and has room.
+    pub const WORKSPACE: &str = "workspace";
+    /// The container-start identity is known and current.
+    pub const IDENTITY: &str = "identity";
+    /// Every supervised service runs (only when the table is known).
+    pub const SERVICES: &str = "services";
+}
+
+/// Service names the service runner may give the window manager.
+const WM_SERVICE_NAMES: &[&str] = &["openbox", "wm", "window_manager", "window-manager"];
+
+/// First retry after a failed probe; doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(25);
+/// Longest wait between retries of a failing probe.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Runs every check once and builds the report. `services` is the service
+/// table when the caller knows it (empty from the `probe` subcommand).
+pub async fn probe_once(config: &Config, services: &[ServiceState]) -> HealthReport {
+    probe_with(config, services, None).await
+}
+
+/// Like [`probe_once`], and the identity check also compares the identity
+/// the supervisor reports with a fresh reading.
+pub async fn probe_with(
+    config: &Config,
+    services: &[ServiceState],
+    reported: Option<&ContainerStartIdentity>,
+) -> HealthReport {
+    let files_config = config.clone();
+    let files = tokio::task::spawn_blocking(move || {
+        (
+            browser_profiles_check(&files_config),
+            workspace_check(&files_config),
+        )
+    });
+    let (x, vnc, files) = tokio::join!(x_checks(config, services), vnc_check(config), files);
+    let (profiles, workspace) = files.unwrap_or_else(|e| {
+        let detail = format!("file checks did not finish: {e}");
+        (
+            Check::new(checks::BROWSER_PROFILES, CheckStatus::Fail, detail.clone()),
+            Check::new(checks::WORKSPACE, CheckStatus::Fail, detail),
+        )
+    });
+    let [x_display, window_manager, screenshot] = x;
+    let mut all = vec![
+        x_display,
+        window_manager,
+        vnc,
+        screenshot,
+        profiles,
+        workspace,
+        identity_check(config, reported),
+    ];
+    if !services.is_empty() {
+        all.push(services_check(services));
+    }
+    HealthReport::from_checks(all, Utc::now())
+}
+
+/// Probes whenever the service set changes and every service runs, and
+/// writes each report with the epoch it was made against. A failing probe is
+/// retried after a short, doubling delay (at most [`RETRY_MAX`]) or at once
+/// when the services change; a passing one is repeated every
+/// `config.reprobe_interval_ms`. Returns when the status cell is gone.
+pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
+    let mut rx = cell.subscribe();
+    let mut retry = RETRY_FIRST;
+    let mut last_epoch = None;
+    loop {
+        // Status first, then epoch: a change between the two is seen again
+        // by `changed()`, so nothing is missed.
+        let status = rx.borrow_and_update().clone();
+        let epoch = cell.services_epoch();
+        if !probe_due(status.phase, &status.services) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        if last_epoch != Some(epoch) {
+            retry = RETRY_FIRST;
+            last_epoch = Some(epoch);
+        }
+        let started = Instant::now();
+        let report = probe_with(&config, &status.services, Some(cell.identity())).await;
+        let passed = report.overall != CheckStatus::Fail;
+        tracing::info!(
+            epoch,
+            overall = ?report.overall,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            failing = %failing_checks(&report),
+            "self-probe"
+        );
+        cell.set_health(epoch, report);
+        let next = if passed {
+            retry = RETRY_FIRST;
+            (config.reprobe_interval_ms > 0)
+                .then(|| Duration::from_millis(config.reprobe_interval_ms))
+        } else {
+            let wait = retry;
+            retry = (retry * 2).min(RETRY_MAX);
+            Some(wait)
+        };
+        if !wait_for_reprobe(&mut rx, &cell, epoch, next).await {
+            return;
+        }
+    }
+}
+
+/// Whether the status asks for a probe: services all running, not preparing
+/// or stopping.
+fn probe_due(phase: Phase, services: &[ServiceState]) -> bool {
+    !matches!(phase, Phase::Preparing | Phase::Stopping)
+        && !services.is_empty()
+        && services.iter().all(|s| s.state == ServiceRunState::Running)
+}
+
+/// Waits until the service set leaves `epoch`, the status no longer asks for
+/// a probe, or `after` passes. Changes that keep the epoch (such as the
+/// report just written) do not end the wait. `false` when the cell is gone.
+async fn wait_for_reprobe(
+    rx: &mut tokio::sync::watch::Receiver<dormouse_protocol::GuestStatus>,
+    cell: &StatusCell,
+    epoch: u64,
+    after: Option<Duration>,
+) -> bool {
+    let deadline = after.map(|d| tokio::time::Instant::now() + d);
+    loop {
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+                let due = {
+                    let status = rx.borrow();
+                    probe_due(status.phase, &status.services)
+                };
+                if cell.services_epoch() != epoch || !due {
+                    return true;
+                }
+                // The report we wrote ourselves, or a change that keeps the
+                // services as probed: keep waiting, but do not mark it seen
+                // again at the top (borrow_and_update there is harmless).
+            }
+            () = sleep_until(deadline) => return true,
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn failing_checks(report: &HealthReport) -> String {
+    report
+        .checks
+        .iter()
+        .filter(|c| c.status != CheckStatus::Ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+// ---- X: display, window manager, screenshot -------------------------------
+
+/// What one X session found.
+#[derive(Debug)]
+struct XFindings {
+    geometry: (u32, u32, u8),
+    wm: Result<WmState, String>,
+    screenshot: Option<Result<(CaptureStats, Duration), String>>,
+}
+
+/// What the root window says about the window manager.
+#[derive(Debug, PartialEq, Eq)]
+enum WmState {
+    /// `_NET_SUPPORTING_WM_CHECK` names a live window that names itself.
+    Present { window: u32, name: Option<String> },
+    /// No property on the root window.
+    Missing,
+    /// The property names a window that no longer exists or does not point
+    /// back (the window manager died without cleaning up).
+    Stale { window: u32 },
+}
+
+/// `[x_display, window_manager, screenshot]`, from one X connection.
+async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
+    let bound = Duration::from_millis(config.probe_timeout_ms);
+    let display = config.display_name();
+    let (width, height) = (config.width, config.height);
+    // The capture slot bounds memory: never two screens in flight at once.
+    let slot = tokio::time::timeout(bound, screenshot::CAPTURE_SLOT.acquire()).await;
+    let findings = match slot {
+        Ok(Ok(_permit)) => {
+            x_client::with_display(config, bound, move |conn, screen| {
+                let geometry = x_client::root_geometry(conn, screen)?;
+                let root = conn_root(conn, screen)?;
+                let wm = wm_state(conn, root).map_err(|e| e.to_string());
+                let screenshot = (geometry.0 == width && geometry.1 == height).then(|| {
+                    let started = Instant::now();
+                    let sink = CountingWriter {
+                        inner: std::io::sink(),
+                        count: 0,
+                    };
+                    screenshot::encode_root(conn, screen, sink)
+                        .map(|stats| (stats, started.elapsed()))
+                        .map_err(|e| e.to_string())
+                });
+                Ok(XFindings {
+                    geometry,
+                    wm,
+                    screenshot,
+                })
+            })
+            .await
+        }
+        _ => Err(XError::Timeout(bound)),
+    };
+    let findings = match findings {
+        Ok(f) => f,
+        Err(e) => {
+            let why = format!("display {display} unusable: {e}");
+            return [
+                Check::new(checks::X_DISPLAY, CheckStatus::Fail, why.clone()),
+                Check::new(checks::WINDOW_MANAGER, CheckStatus::Fail, why.clone()),
+                Check::new(checks::SCREENSHOT, CheckStatus::Fail, why),
+            ];
+        }
+    };
+    let (w, h, depth) = findings.geometry;
+    let x_display = if (w, h) == (width, height) {
+        Check::new(
+            checks::X_DISPLAY,
+            CheckStatus::Ok,
+            format!("display {display} answers, root {w}x{h} depth {depth}"),
+        )
+    } else {
+        Check::new(
+            checks::X_DISPLAY,
+            CheckStatus::Fail,
+            format!("display {display} root is {w}x{h}, configured {width}x{height}"),
+        )
+    };
+    let window_manager = wm_check(findings.wm, services);
+    let screenshot = match findings.screenshot {
+        None => Check::new(
+            checks::SCREENSHOT,
+            CheckStatus::Fail,
+            format!("screen is {w}x{h}, not the configured {width}x{height}"),
+        ),
+        Some(Err(e)) => Check::new(checks::SCREENSHOT, CheckStatus::Fail, e),
+        Some(Ok((stats, took))) => Check::new(
+            checks::SCREENSHOT,
+            CheckStatus::Ok,
+            format!(
+                "complete {}x{} capture in {} strips, {} B png, {} ms",
+                stats.width,
+                stats.height,
+                stats.strips,
+                stats.png_bytes,
+                took.as_millis()
+            ),
+        ),
+    };
+    [x_display, window_manager, screenshot]
+}
+
+fn conn_root(conn: &RustConnection, screen: usize) -> Result<u32, XError> {
+    use x11rb::connection::Connection as _;
+    conn.setup()
+        .roots
+        .get(screen)
+        .map(|s| s.root)
+        .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))
+}
+
+/// Reads `_NET_SUPPORTING_WM_CHECK` as EWMH defines it: the root names a
+/// child window, and that window names itself with the same property.
+fn wm_state(conn: &RustConnection, root: u32) -> Result<WmState, XError> {
+    let atom =
+        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
+    let check = atom(b"_NET_SUPPORTING_WM_CHECK")?;
+    let window_of = |w: u32| -> Result<Option<u32>, XError> {
+        let reply = conn
+            .get_property(false, w, check, AtomEnum::WINDOW, 0, 1)?
+            .reply()?;
+        Ok(reply.value32().and_then(|mut v| v.next()))
+    };
+    let Some(window) = window_of(root)? else {
+        return Ok(WmState::Missing);
+    };
+    // A BadWindow here means the window manager died and left the property.
+    match window_of(window) {
+        Ok(Some(back)) if back == window => {}
+        Ok(_) | Err(XError::Request(x11rb::errors::ReplyError::X11Error(_))) => {
+            return Ok(WmState::Stale { window })
+        }
+        Err(e) => return Err(e),
+    }
+    let name = (|| -> Result<Option<String>, XError> {
+        let utf8 = atom(b"UTF8_STRING")?;
+        let net_wm_name = atom(b"_NET_WM_NAME")?;
+        let reply = conn
+            .get_property(false, window, net_wm_name, utf8, 0, 16)?
+            .reply()?;
+        Ok((!reply.value.is_empty()).then(|| String::from_utf8_lossy(&reply.value).into_owned()))
+    })()
+    .unwrap_or(None);
+    Ok(WmState::Present { window, name })
+}
+
+fn wm_check(wm: Result<WmState, String>, services: &[ServiceState]) -> Check {
+    let running_wm = services.iter().find(|s| {
+        WM_SERVICE_NAMES.contains(&s.name.as_str()) && s.state == ServiceRunState::Running
+    });
+    let fallback = |why: String| match running_wm {
+        Some(s) => Check::new(
+            checks::WINDOW_MANAGER,
+            CheckStatus::Degraded,
+            format!(
+                "{why}; {} runs (pid {})",
+                s.name,
+                s.pid.map_or_else(|| "?".into(), |p| p.to_string())
+            ),
+        ),
+        None => Check::new(checks::WINDOW_MANAGER, CheckStatus::Fail, why),
+    };
+    match wm {
+        Ok(WmState::Present { window, name }) => Check::new(
+            checks::WINDOW_MANAGER,
+            CheckStatus::Ok,
+            format!(
+                "{} announced on window {window:#x}",
+                name.as_deref().unwrap_or("a window manager")
+            ),
+        ),
+        Ok(WmState::Missing) => fallback("no _NET_SUPPORTING_WM_CHECK on the root window".into()),
+        Ok(WmState::Stale { window }) => fallback(format!(
+            "_NET_SUPPORTING_WM_CHECK names window {window:#x}, which does not answer"
+        )),
+        Err(e) => fallback(format!("cannot read the root window: {e}")),
+    }
+}
+
+// ---- VNC --------------------------------------------------------------------
+
+/// Connects to the VNC server on loopback and reads its RFB banner.
+async fn vnc_check(config: &Config) -> Check {
+    let bound = Duration::from_millis(config.probe_timeout_ms);
+    let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, config.vnc_port));
+    let banner = tokio::time::timeout(bound, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let mut banner = [0u8; 12];
+        stream.read_exact(&mut banner).await?;
+        Ok::<_, std::io::Error>(banner)
+    })
+    .await;
+    match banner {
+        Ok(Ok(banner)) if is_rfb_banner(&banner) => Check::new(
+            checks::VNC,
+            CheckStatus::Ok,
+            format!("{} on {addr}", String::from_utf8_lossy(&banner[..11])),
+        ),
+        Ok(Ok(banner)) => Check::new(
+            checks::VNC,
+            CheckStatus::Fail,
+            format!(
+                "{addr} answered {:?}, not an RFB banner",
+                String::from_utf8_lossy(&banner)
+            ),
+        ),
+        Ok(Err(e)) => Check::new(checks::VNC, CheckStatus::Fail, format!("{addr}: {e}")),
+        Err(_) => Check::new(
+            checks::VNC,
+            CheckStatus::Fail,
+            format!("{addr} sent no banner within {bound:?}"),
+        ),
+    }
+}
+
+/// `RFB xxx.yyy\n` with three digits on each side.
+fn is_rfb_banner(b: &[u8; 12]) -> bool {
+    b.starts_with(b"RFB ")
+        && b[4..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'.'
+        && b[8..11].iter().all(u8::is_ascii_digit)
+        && b[11] == b'\n'
+}
+
+// ---- Files: profile links, workspace ----------------------------------------
+
+/// The links the preparation makes, and where each must point.
+pub fn expected_links(config: &Config) -> Vec<(PathBuf, PathBuf)> {
+    let profiles = config.profiles_root();
+    vec![
+        (
+            config.home.join(".config/google-chrome"),
+            profiles.join("google-chrome"),
+        ),
+        (
+            config.home.join(".config/chromium"),
+            profiles.join("chromium"),
+        ),
+        (config.home.join(".mozilla"), profiles.join("mozilla")),
+        (
+            config.home.join(".local"),
+            config.workspace.join(".desktop-apps/local"),
+        ),
+    ]
+}
+
+/// Every profile link is a symlink to its place in the workspace, and that
+/// place is a real directory (a symlink there could lead out of the
+/// workspace). Nothing is followed but the one link read.
+fn browser_profiles_check(config: &Config) -> Check {
+    let mut worst = CheckStatus::Ok;
+    let mut problems = Vec::new();
+    let links = expected_links(config);
+    for (link, want) in &links {
+        let (status, problem) = link_status(link, want);
+        worst = worst.max(status);
+        if let Some(p) = problem {
+            problems.push(p);
+        }
+    }
+    let detail = if problems.is_empty() {
+        format!("{} links into {}", links.len(), config.workspace.display())
+    } else {
+        problems.join("; ")
+    };
+    Check::new(checks::BROWSER_PROFILES, worst, detail)
+}
+
+fn link_status(link: &Path, want: &Path) -> (CheckStatus, Option<String>) {
+    let shown = link.display();
+    match std::fs::symlink_metadata(link) {
+        Ok(m) if m.file_type().is_symlink() => {}
+        Ok(_) => return (CheckStatus::Fail, Some(format!("{shown} is not a link"))),
+        Err(e) => return (CheckStatus::Fail, Some(format!("{shown}: {e}"))),
+    }
+    let target = match std::fs::read_link(link) {
+        Ok(t) => t,
+        Err(e) => return (CheckStatus::Fail, Some(format!("{shown}: {e}"))),
+    };
+    let resolved = if target.is_absolute() {
+        normalize(&target)
+    } else {
+        normalize(&link.parent().unwrap_or(Path::new("/")).join(&target))
+    };
+    if resolved != normalize(want) {
+        return (
+            CheckStatus::Fail,
+            Some(format!(
+                "{shown} points to {}, expected {}",
+                target.display(),
+                want.display()
+            )),
+        );
+    }
+    match std::fs::symlink_metadata(want) {
+        Ok(m) if m.is_dir() => (CheckStatus::Ok, None),
+        Ok(_) => (
+            CheckStatus::Fail,
+            Some(format!("{} is not a directory", want.display())),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            CheckStatus::Degraded,
+            Some(format!("{} does not exist yet", want.display())),
+        ),
+        Err(e) => (CheckStatus::Fail, Some(format!("{}: {e}", want.display()))),
+    }
+}
+
+/// Lexical normalisation (`.` and `..`), without touching the file system.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Writable (create, fsync, remove a probe file), persistent (not a tmpfs),
+/// with at least `workspace_min_free_mib` free, owned by the desktop user.
+fn workspace_check(config: &Config) -> Check {
+    let ws = &config.workspace;
+    let shown = ws.display();
+    match std::fs::symlink_metadata(ws) {
+        Ok(m) if m.is_dir() => {
+            if let Err(e) = write_probe_file(ws) {
+                return Check::new(
+                    checks::WORKSPACE,
+                    CheckStatus::Fail,
+                    format!("{shown} is not writable: {e}"),
+                );
+            }
+            let mut status = CheckStatus::Ok;
+            let mut notes = Vec::new();
+            {
+                use std::os::unix::fs::MetadataExt as _;
+                if m.uid() != config.uid {
+                    status = status.max(CheckStatus::Degraded);
+                    notes.push(format!("owned by uid {}, not {}", m.uid(), config.uid));
+                }
+            }
+            match nix::sys::statfs::statfs(ws.as_path()) {
+                Ok(fs) => {
+                    // tmpfs contents vanish when the container stops.
+                    if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC {
+                        status = status.max(CheckStatus::Degraded);
+                        notes.push("is a tmpfs: its contents are lost at stop".into());
+                    }
+                    let free_mib = fs.blocks_available().saturating_mul(fs.block_size() as u64)
+                        / (1024 * 1024);
+                    if free_mib < config.workspace_min_free_mib {
+                        status = status.max(CheckStatus::Degraded);
+                        notes.push(format!(
+                            "{free_mib} MiB free, below the floor of {} MiB",
+                            config.workspace_min_free_mib
+                        ));
+                    } else {
+                        notes.push(format!("writable, {free_mib} MiB free"));
+                    }
+                }
+                Err(e) => {
+                    status = status.max(CheckStatus::Degraded);
+                    notes.push(format!("statfs failed: {e}"));
+                }
+            }
+            Check::new(
+                checks::WORKSPACE,
+                status,
+                format!("{shown}: {}", notes.join(", ")),
+            )
+        }
+        Ok(_) => Check::new(
+            checks::WORKSPACE,
+            CheckStatus::Fail,
+            format!("{shown} is not a directory"),
+        ),
+        Err(e) => Check::new(
+            checks::WORKSPACE,
+            CheckStatus::Fail,
+            format!("{shown}: {e}"),
+        ),
+    }
+}
+
+/// Creates a probe file (never following a link, never reusing a file), syncs
+/// it and removes it.
+fn write_probe_file(dir: &Path) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = dir.join(format!(".dormouse-probe-{}", std::process::id()));
+    // A leftover of a killed probe with our pid: unlink never follows links.
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&path)?;
+    let written = file
+        .write_all(b"dormouse probe\n")
+        .and_then(|()| file.sync_all());
+    let removed = std::fs::remove_file(&path);
+    written.and(removed)
+}
+
+// ---- identity, services -------------------------------------------------------
+
+/// The identity is present, and equals a fresh reading when one can be made
+/// (a different reading means this process reports another container start).
+fn identity_check(config: &Config, reported: Option<&ContainerStartIdentity>) -> Check {
+    let complete = |id: &ContainerStartIdentity| {
+        !id.boot_id.trim().is_empty() && id.pid_ns_inode != 0 && id.pid1_start_time != 0
+    };
+    let check = |status, detail: String| Check::new(checks::IDENTITY, status, detail);
+    match (reported, fresh_identity(config)) {
+        (Some(r), Ok(f)) if *r != f => check(
+            CheckStatus::Fail,
+            format!(
+                "reported start {} differs from the current {}",
+                r.fingerprint(),
+                f.fingerprint()
+            ),
+        ),
+        // Here the reported identity, if any, equals the fresh one.
+        (_, Ok(id)) if complete(&id) => check(
+            CheckStatus::Ok,
+            format!("container start {}", id.fingerprint()),
+        ),
+        (_, Ok(id)) => check(
+            CheckStatus::Fail,
+            format!("incomplete identity {}", id.fingerprint()),
+        ),
+        (Some(r), Err(e)) if complete(r) => check(
+            CheckStatus::Degraded,
+            format!(
+                "container start {}; fresh reading failed: {e}",
+                r.fingerprint()
+            ),
+        ),
+        (_, Err(e)) => check(
+            CheckStatus::Fail,
+            format!("cannot read the container-start identity: {e}"),
+        ),
+    }
+}
+
+/// A fresh reading of the container-start identity.
+fn fresh_identity(config: &Config) -> Result<ContainerStartIdentity, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let proc_root = &config.proc_root;
+    let read =
+        |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()));
+    let boot_id = read(proc_root.join("sys/kernel/random/boot_id"))?
+        .trim()
+        .to_owned();
+    let ns = proc_root.join("self/ns/pid");
+    let pid_ns_inode = std::fs::metadata(&ns)
+        .map_err(|e| format!("{}: {e}", ns.display()))?
+        .ino();
+    let stat = read(proc_root.join("1/stat"))?;
+    let pid1_start_time = stat
+        .rfind(')')
+        .and_then(|close| stat[close + 1..].split_whitespace().nth(22 - 3))
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| "no start time in field 22 of 1/stat".to_owned())?;
+    Ok(ContainerStartIdentity {
+        boot_id,
+        pid_ns_inode,
+        pid1_start_time,
+    })
+}
+
+fn services_check(services: &[ServiceState]) -> Check {
+    let not_running: Vec<String> = services
+        .iter()
+        .filter(|s| s.state != ServiceRunState::Running)
+        .map(|s| format!("{} {:?}", s.name, s.state).to_lowercase())
+        .collect();
+    if not_running.is_empty() {
+        let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        Check::new(
+            checks::SERVICES,
+            CheckStatus::Ok,
+            format!("running: {}", names.join(", ")),
+        )
+    } else {
+        Check::new(checks::SERVICES, CheckStatus::Fail, not_running.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn service(name: &str, state: ServiceRunState) -> ServiceState {
+        ServiceState {
+            name: name.into(),
+            state,
+            pid: Some(42),
+            restarts: 0,
+            last_exit: None,
+            ready_since: None,
+        }
+    }
+
+    /// A home, workspace and fake procfs under a temp dir.
+    fn guest_dirs() -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().join("home/desk");
+        let config = Config {
+            home: home.clone(),
+            workspace: home.join("workspace"),
+            proc_root: dir.path().join("proc"),
+            tmp_dir: dir.path().join("tmp"),
+            run_dir: dir.path().join("run"),
+            uid: nix::unistd::geteuid().as_raw(),
+            workspace_min_free_mib: 1,
+            probe_timeout_ms: 500,
+            ..Config::default()
+        };
+        std::fs::create_dir_all(config.home.join(".config")).expect("home");
+        std::fs::create_dir_all(&config.workspace).expect("workspace");
+        (dir, config)
+    }
+
+    fn make_links(config: &Config) {
+        for (link, target) in expected_links(config) {
+            std::fs::create_dir_all(&target).expect("target");
+            symlink(&target, &link).expect("link");
+        }
+    }
+
+    fn fake_identity(config: &Config, boot_id: &str, start: u64) {
+        let p = &config.proc_root;
+        std::fs::create_dir_all(p.join("sys/kernel/random")).expect("mkdir");
+        std::fs::create_dir_all(p.join("self/ns")).expect("mkdir");
+        std::fs::create_dir_all(p.join("1")).expect("mkdir");
+        std::fs::write(p.join("sys/kernel/random/boot_id"), format!("{boot_id}\n")).expect("boot");
+        std::fs::write(p.join("self/ns/pid"), "").expect("ns");
+        std::fs::write(
+            p.join("1/stat"),
+            format!(
+                "1 (dormouse-superv) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 {start} 1 1\n"
+            ),
+        )
+        .expect("stat");
+    }
+
+    #[test]
+    fn profile_links_into_the_workspace_pass() {
+        let (_dir, config) = guest_dirs();
+        make_links(&config);
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Ok, "{}", check.detail);
+    }
+
+    #[test]
+    fn relative_links_to_the_same_place_pass() {
+        let (_dir, config) = guest_dirs();
+        make_links(&config);
+        let link = config.home.join(".mozilla");
+        std::fs::remove_file(&link).expect("rm");
+        symlink("workspace/./.browser-profiles/mozilla", &link).expect("relative link");
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Ok, "{}", check.detail);
+    }
+
+    #[test]
+    fn wrong_or_missing_links_fail_and_name_the_link() {
+        let (dir, config) = guest_dirs();
+        make_links(&config);
+        // A profile directory instead of a link.
+        let chromium = config.home.join(".config/chromium");
+        std::fs::remove_file(&chromium).expect("rm");
+        std::fs::create_dir(&chromium).expect("dir");
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Fail);
+        assert!(
+            check.detail.contains("chromium is not a link"),
+            "{}",
+            check.detail
+        );
+
+        // A link out of the workspace.
+        std::fs::remove_dir(&chromium).expect("rm");
+        symlink(dir.path(), &chromium).expect("link");
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Fail);
+        assert!(check.detail.contains("points to"), "{}", check.detail);
+    }
+
+    #[test]
+    fn a_redirected_profile_target_fails_and_a_missing_one_degrades() {
+        let (dir, config) = guest_dirs();
+        make_links(&config);
+        let target = config.profiles_root().join("google-chrome");
+        std::fs::remove_dir(&target).expect("rm");
+        // The target itself became a link out of the workspace.
+        symlink(dir.path(), &target).expect("hostile");
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Fail, "{}", check.detail);
+        std::fs::remove_file(&target).expect("rm");
+        let check = browser_profiles_check(&config);
+        assert_eq!(check.status, CheckStatus::Degraded, "{}", check.detail);
+        assert!(check.detail.contains("does not exist yet"));
+    }
+
+    #[test]
+    fn a_writable_workspace_passes_and_leaves_nothing_behind() {
+        let (_dir, config) = guest_dirs();
+        let check = workspace_check(&config);
+        assert_eq!(check.status, CheckStatus::Ok, "{}", check.detail);
+        let left: Vec<_> = std::fs::read_dir(&config.workspace).expect("ls").collect();
+        assert!(left.is_empty(), "probe file left behind");
+    }
+
+    #[test]
+    fn workspace_problems_degrade_or_fail() {
+        let (_dir, mut config) = guest_dirs();
+        config.workspace_min_free_mib = u64::MAX / (1024 * 1024);
+        let check = workspace_check(&config);
+        assert_eq!(check.status, CheckStatus::Degraded);
+        assert!(check.detail.contains("below the floor"), "{}", check.detail);
+
+        config.workspace_min_free_mib = 1;
+        config.uid = config.uid.wrapping_add(1);
+        let check = workspace_check(&config);
+        assert_eq!(check.status, CheckStatus::Degraded);
+        assert!(check.detail.contains("owned by uid"), "{}", check.detail);
+
+        let file = config.workspace.join("plain-file");
+        std::fs::write(&file, "x").expect("file");
+        config.workspace = file;
+        assert_eq!(workspace_check(&config).status, CheckStatus::Fail);
+        config.workspace = "/nonexistent/workspace".into();
+        assert_eq!(workspace_check(&config).status, CheckStatus::Fail);
+    }
+
+    #[test]
+    fn a_tmpfs_workspace_is_degraded() {
+        let shm = Path::new("/dev/shm");
+        let is_tmpfs = nix::sys::statfs::statfs(shm)
+            .map(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+            .unwrap_or(false);
+        if !is_tmpfs {
+            eprintln!("SKIPPED a_tmpfs_workspace_is_degraded: /dev/shm is not a tmpfs here");
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).expect("tmpfs dir");
+        let config = Config {
+            workspace: dir.path().into(),
+            uid: nix::unistd::geteuid().as_raw(),
+            workspace_min_free_mib: 0,
+            ..Config::default()
+        };
+        let check = workspace_check(&config);
+        assert_eq!(check.status, CheckStatus::Degraded);
+        assert!(check.detail.contains("tmpfs"), "{}", check.detail);
+    }
+
+    #[test]
+    fn rfb_banners_are_recognised() {
+        assert!(is_rfb_banner(b"RFB 003.008\n"));
+        assert!(is_rfb_banner(b"RFB 003.003\n"));
+        assert!(!is_rfb_banner(b"SSH-2.0-Open"));
+        assert!(!is_rfb_banner(b"RFB 003.008 "));
+        assert!(!is_rfb_banner(b"RFB 0x3.008\n"));
+    }
+
+    async fn fake_vnc(banner: &'static [u8]) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            while let Ok((mut s, _)) = listener.accept().await {
+                let _ = s.write_all(banner).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn vnc_check_reads_the_banner() {
+        let config = Config {
+            vnc_port: fake_vnc(b"RFB 003.008\n").await,
+            probe_timeout_ms: 2000,
+            ..Config::default()
+        };
+        let check = vnc_check(&config).await;
+        assert_eq!(check.status, CheckStatus::Ok, "{}", check.detail);
+        assert!(check.detail.starts_with("RFB 003.008"), "{}", check.detail);
+
+        let config = Config {
+            vnc_port: fake_vnc(b"HTTP/1.1 400 Bad\r\n").await,
+            ..config
+        };
+        assert_eq!(vnc_check(&config).await.status, CheckStatus::Fail);
+
+        // Nothing listening.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let config = Config {
+            vnc_port: closed,
+            ..config
+        };
+        assert_eq!(vnc_check(&config).await.status, CheckStatus::Fail);
+    }
+
+    #[test]
+    fn identity_must_match_a_fresh_reading() {
+        let (_dir, config) = guest_dirs();
+        fake_identity(&config, "boot-a", 777);
+        let fresh = fresh_identity(&config).expect("fresh");
+        assert_eq!(fresh.boot_id, "boot-a");
+        assert_eq!(fresh.pid1_start_time, 777);
+        assert_eq!(
+            identity_check(&config, Some(&fresh)).status,
+            CheckStatus::Ok
+        );
+        assert_eq!(identity_check(&config, None).status, CheckStatus::Ok);
+
+        // The container was restarted under this process's feet.
+        fake_identity(&config, "boot-a", 778);
+        let check = identity_check(&config, Some(&fresh));
+        assert_eq!(check.status, CheckStatus::Fail);
+        assert!(check.detail.contains("differs"), "{}", check.detail);
+
+        // No procfs: the reported identity still stands, degraded.
+        std::fs::remove_dir_all(&config.proc_root).expect("rm");
+        assert_eq!(
+            identity_check(&config, Some(&fresh)).status,
+            CheckStatus::Degraded
+        );
+        assert_eq!(identity_check(&config, None).status, CheckStatus::Fail);
+    }
+
+    #[test]
+    fn a_missing_wm_hint_degrades_only_when_the_wm_runs() {
+        let running = [service("openbox", ServiceRunState::Running)];
+        assert_eq!(
+            wm_check(Ok(WmState::Missing), &running).status,
+            CheckStatus::Degraded
+        );
+        assert_eq!(
+            wm_check(Ok(WmState::Missing), &[]).status,
+            CheckStatus::Fail
+        );
+        assert_eq!(
+            wm_check(Ok(WmState::Stale { window: 9 }), &[]).status,
+            CheckStatus::Fail
+        );
+        let ok = wm_check(
+            Ok(WmState::Present {
+                window: 0x400001,
+                name: Some("Openbox".into()),
+            }),
+            &[],
+        );
+        assert_eq!(ok.status, CheckStatus::Ok);
+        assert!(ok.detail.contains("Openbox"));
+    }
+
+    #[test]
+    fn services_check_names_what_does_not_run() {
+        let check = services_check(&[
+            service("xvfb", ServiceRunState::Running),
+            service("vnc", ServiceRunState::Backoff),
+        ]);
+        assert_eq!(check.status, CheckStatus::Fail);
+        assert_eq!(check.detail, "vnc backoff");
+    }
+
+    #[tokio::test]
+    async fn without_a_display_the_probe_fails_with_reasons() {
+        let (_dir, config) = guest_dirs();
+        make_links(&config);
+        fake_identity(&config, "boot", 5);
+        let report = probe_once(&config, &[]).await;
+        assert_eq!(report.overall, CheckStatus::Fail);
+        assert_eq!(report.schema_version, "1");
+        for name in [
+            checks::X_DISPLAY,
+            checks::WINDOW_MANAGER,
+            checks::SCREENSHOT,
+        ] {
+            let check = report.check(name).expect(name);
+            assert_eq!(check.status, CheckStatus::Fail);
+            assert!(check.detail.contains("display :1"), "{}", check.detail);
+        }
+        assert_eq!(
+            report.check(checks::WORKSPACE).map(|c| c.status),
+            Some(CheckStatus::Ok)
+        );
+        assert_eq!(
+            report.check(checks::BROWSER_PROFILES).map(|c| c.status),
+            Some(CheckStatus::Ok)
+        );
+        assert!(report.check(checks::SERVICES).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_waits_for_services_and_backs_off_without_spinning() {
+        let (_dir, config) = guest_dirs();
+        fake_identity(&config, "boot", 5);
+        let cell = StatusCell::new(fresh_identity(&config).expect("identity"));
+        let mut rx = cell.subscribe();
+        let probe_loop = tokio::spawn(run_probe_loop(Arc::new(config), cell.clone()));
+
+        // Preparing: no probe however long we wait.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(cell.snapshot().health.is_none());
+
+        cell.set_prepared();
+        cell.set_services(vec![service("xvfb", ServiceRunState::Starting)], None);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            cell.snapshot().health.is_none(),
+            "probed before services ran"
+        );
+
+        // Services run: a probe follows (and fails: there is no display).
+        cell.set_services(vec![service("xvfb", ServiceRunState::Running)], None);
+        rx.borrow_and_update();
+        let mut reports = 0u32;
+        let window = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::timeout_at(window, rx.changed()).await.is_ok() {
+            let status = rx.borrow_and_update().clone();
+            if status.health.is_some() {
+                reports += 1;
+                assert!(!status.ready);
+            }
+        }
+        // 25 ms doubling to 1 s: about 14 retries in 10 s, never a spin.
+        assert!((3..=20).contains(&reports), "{reports} probes in 10 s");
+        probe_loop.abort();
+    }
+}

@@ -1,0 +1,394 @@
+//! Screenshots of the whole root window, encoded as PNG.
+//!
+//! Owns reading the screen through X11 `GetImage` (ZPixmap) and turning it
+//! into RGB PNG rows. The screen is read in horizontal strips of at most
+//! [`STRIP_BYTES`] and each strip is encoded as it arrives, so a capture never
+//! holds the raw screen in memory (the supervisor's whole budget is 4 MiB
+//! RSS). Every strip's length is checked against `stride × rows`, so a capture
+//! is either complete or an error, never a silently short image. At most one
+//! capture runs at a time ([`CAPTURE_SLOT`]); this module never keeps a
+//! capture after returning it.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use x11rb::connection::Connection as _;
+use x11rb::protocol::xproto::{self, ConnectionExt as _, ImageFormat, ImageOrder, VisualClass};
+use x11rb::rust_connection::RustConnection;
+
+use crate::config::Config;
+use crate::x_client::{self, XError};
+
+/// Largest raw strip read with one `GetImage`.
+pub const STRIP_BYTES: usize = 128 * 1024;
+
+/// One capture at a time: the socket's `screenshot` and the self-probe share it.
+pub static CAPTURE_SLOT: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Why a screenshot could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ScreenshotError {
+    /// The X display could not be used.
+    #[error(transparent)]
+    X(#[from] XError),
+    /// A strip came back shorter or longer than the screen's format says.
+    #[error("incomplete capture: rows {row}..{end} returned {got} bytes, expected {expected}")]
+    Incomplete {
+        /// First row of the strip.
+        row: u32,
+        /// One past its last row.
+        end: u32,
+        /// Bytes that came back.
+        got: usize,
+        /// Bytes the format demands.
+        expected: usize,
+    },
+    /// The screen's pixel format is not a true-colour one this code reads.
+    #[error("unsupported screen format: {0}")]
+    Unsupported(String),
+    /// PNG encoding failed (only a broken writer can cause this).
+    #[error("png encoding failed: {0}")]
+    Encode(#[from] png::EncodingError),
+}
+
+/// What a capture produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureStats {
+    /// Width of the root window.
+    pub width: u32,
+    /// Height of the root window.
+    pub height: u32,
+    /// Size of the PNG written.
+    pub png_bytes: u64,
+    /// Number of `GetImage` strips read.
+    pub strips: u32,
+}
+
+/// A PNG of the whole screen.
+#[derive(Debug, Clone)]
+pub struct Screenshot {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// The PNG file.
+    pub png: Vec<u8>,
+    /// How long capturing and encoding took.
+    pub elapsed: Duration,
+}
+
+/// Captures the whole screen of the configured display as a PNG, bounded by
+/// `config.probe_timeout_ms` (waiting for another capture included).
+pub async fn capture(config: &Config) -> Result<Screenshot, ScreenshotError> {
+    let bound = Duration::from_millis(config.probe_timeout_ms);
+    let started = Instant::now();
+    let _slot = tokio::time::timeout(bound, CAPTURE_SLOT.acquire())
+        .await
+        .map_err(|_| XError::Timeout(bound))?
+        .map_err(|e| XError::Join(e.to_string()))?;
+    let remaining = bound.saturating_sub(started.elapsed());
+    let (stats, png) = x_client::with_display(config, remaining, |conn, screen| {
+        let mut png = Vec::new();
+        let stats = encode_root(conn, screen, &mut png).map_err(into_x_error)?;
+        Ok((stats, png))
+    })
+    .await?;
+    Ok(Screenshot {
+        width: stats.width,
+        height: stats.height,
+        png,
+        elapsed: started.elapsed(),
+    })
+}
+
+// `with_display` speaks `XError`; keep the screenshot's own reasons readable
+// through it.
+fn into_x_error(e: ScreenshotError) -> XError {
+    match e {
+        ScreenshotError::X(x) => x,
+        other => XError::Unexpected(other.to_string()),
+    }
+}
+
+/// One colour channel of a true-colour visual: where its bits sit in a pixel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Channel {
+    mask: u32,
+    shift: u32,
+    max: u32,
+}
+
+impl Channel {
+    /// A channel from its mask, which must be one contiguous run of bits.
+    fn from_mask(mask: u32) -> Option<Self> {
+        if mask == 0 {
+            return None;
+        }
+        let shift = mask.trailing_zeros();
+        let max = mask >> shift;
+        // Contiguous: the shifted mask is 2^n - 1.
+        (max & max.wrapping_add(1) == 0).then_some(Self { mask, shift, max })
+    }
+
+    /// The channel's intensity scaled to 8 bits.
+    fn decode(self, pixel: u32) -> u8 {
+        let v = u64::from((pixel & self.mask) >> self.shift);
+        let max = u64::from(self.max);
+        ((v * 255 + max / 2) / max) as u8
+    }
+}
+
+/// How the server lays out pixels of the root window's depth and visual.
+#[derive(Debug, Clone, Copy)]
+struct PixelFormat {
+    bits_per_pixel: u8,
+    stride: usize,
+    lsb_first: bool,
+    red: Channel,
+    green: Channel,
+    blue: Channel,
+}
+
+impl PixelFormat {
+    fn of_root(
+        conn: &RustConnection,
+        screen: usize,
+    ) -> Result<(Self, xproto::Window, u32, u32), ScreenshotError> {
+        let setup = conn.setup();
+        let root = setup
+            .roots
+            .get(screen)
+            .ok_or_else(|| ScreenshotError::Unsupported(format!("no screen {screen}")))?;
+        let depth = root.root_depth;
+        let format = setup
+            .pixmap_formats
+            .iter()
+            .find(|f| f.depth == depth)
+            .ok_or_else(|| {
+                ScreenshotError::Unsupported(format!("no pixmap format for depth {depth}"))
+            })?;
+        let visual = root
+            .allowed_depths
+            .iter()
+            .flat_map(|d| d.visuals.iter())
+            .find(|v| v.visual_id == root.root_visual)
+            .ok_or_else(|| ScreenshotError::Unsupported("root visual not listed".into()))?;
+        if visual.class != VisualClass::TRUE_COLOR && visual.class != VisualClass::DIRECT_COLOR {
+            return Err(ScreenshotError::Unsupported(format!(
+                "visual class {:?} is not true colour",
+                visual.class
+            )));
+        }
+        if !matches!(format.bits_per_pixel, 16 | 24 | 32) {
+            return Err(ScreenshotError::Unsupported(format!(
+                "{} bits per pixel",
+                format.bits_per_pixel
+            )));
+        }
+        let component = |mask: u32| {
+            Channel::from_mask(mask)
+                .ok_or_else(|| ScreenshotError::Unsupported(format!("colour mask {mask:#x}")))
+        };
+        let width = u32::from(root.width_in_pixels);
+        let pad = usize::from(format.scanline_pad.max(8));
+        let row_bits = width as usize * usize::from(format.bits_per_pixel);
+        let stride = row_bits.div_ceil(pad) * pad / 8;
+        Ok((
+            Self {
+                bits_per_pixel: format.bits_per_pixel,
+                stride,
+                lsb_first: setup.image_byte_order == ImageOrder::LSB_FIRST,
+                red: component(visual.red_mask)?,
+                green: component(visual.green_mask)?,
+                blue: component(visual.blue_mask)?,
+            },
+            root.root,
+            width,
+            u32::from(root.height_in_pixels),
+        ))
+    }
+
+    /// The common case: 32-bit little-endian `0x00RRGGBB`, converted by
+    /// shuffling bytes instead of decoding every pixel through the masks.
+    fn is_bgrx(&self) -> bool {
+        self.bits_per_pixel == 32
+            && self.lsb_first
+            && self.red.mask == 0x00ff_0000
+            && self.green.mask == 0x0000_ff00
+            && self.blue.mask == 0x0000_00ff
+    }
+
+    fn row_to_rgb(&self, row: &[u8], width: usize, out: &mut [u8]) {
+        if self.is_bgrx() {
+            for (px, rgb) in row.chunks_exact(4).take(width).zip(out.chunks_exact_mut(3)) {
+                rgb[0] = px[2];
+                rgb[1] = px[1];
+                rgb[2] = px[0];
+            }
+            return;
+        }
+        let bytes = usize::from(self.bits_per_pixel / 8);
+        for (px, rgb) in row
+            .chunks_exact(bytes)
+            .take(width)
+            .zip(out.chunks_exact_mut(3))
+        {
+            let pixel = if self.lsb_first {
+                px.iter()
+                    .rev()
+                    .fold(0u32, |acc, b| (acc << 8) | u32::from(*b))
+            } else {
+                px.iter().fold(0u32, |acc, b| (acc << 8) | u32::from(*b))
+            };
+            rgb[0] = self.red.decode(pixel);
+            rgb[1] = self.green.decode(pixel);
+            rgb[2] = self.blue.decode(pixel);
+        }
+    }
+}
+
+/// Reads the whole root window of `screen` strip by strip and writes it as
+/// an RGB PNG to `out`. Runs on a blocking thread.
+pub fn encode_root(
+    conn: &RustConnection,
+    screen: usize,
+    out: impl Write,
+) -> Result<CaptureStats, ScreenshotError> {
+    let (format, root, width, height) = PixelFormat::of_root(conn, screen)?;
+    if width == 0 || height == 0 {
+        return Err(ScreenshotError::Unsupported(format!(
+            "empty screen {width}x{height}"
+        )));
+    }
+    let mut counter = CountingWriter {
+        inner: out,
+        count: 0,
+    };
+    let mut encoder = png::Encoder::new(&mut counter, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    // Fast deflate: a screenshot is read once, and the probe takes one on
+    // every container start.
+    encoder.set_compression(png::Compression::Fast);
+    let mut writer = encoder.write_header()?;
+    let mut stream = writer.stream_writer_with_size(64 * 1024)?;
+
+    let rows_per_strip = (STRIP_BYTES / format.stride.max(1)).clamp(1, usize::from(u16::MAX));
+    let mut rgb = vec![0u8; width as usize * 3];
+    let mut row = 0u32;
+    let mut strips = 0u32;
+    while row < height {
+        let rows = (height - row).min(rows_per_strip as u32);
+        let reply = conn
+            .get_image(
+                ImageFormat::Z_PIXMAP,
+                root,
+                0,
+                row as i16,
+                width as u16,
+                rows as u16,
+                !0,
+            )
+            .map_err(XError::from)?
+            .reply()
+            .map_err(XError::from)?;
+        let expected = format.stride * rows as usize;
+        if reply.data.len() != expected {
+            return Err(ScreenshotError::Incomplete {
+                row,
+                end: row + rows,
+                got: reply.data.len(),
+                expected,
+            });
+        }
+        for line in reply.data.chunks_exact(format.stride) {
+            format.row_to_rgb(line, width as usize, &mut rgb);
+            stream.write_all(&rgb).map_err(png::EncodingError::from)?;
+        }
+        row += rows;
+        strips += 1;
+    }
+    stream.finish()?;
+    writer.finish()?;
+    Ok(CaptureStats {
+        width,
+        height,
+        png_bytes: counter.count,
+        strips,
+    })
+}
+
+/// Counts what passes through, so the probe can encode into a sink and still
+/// report the PNG's size.
+#[derive(Debug)]
+pub struct CountingWriter<W> {
+    /// Where the bytes go.
+    pub inner: W,
+    /// Bytes written so far.
+    pub count: u64,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format(bpp: u8, lsb_first: bool, masks: (u32, u32, u32)) -> PixelFormat {
+        PixelFormat {
+            bits_per_pixel: bpp,
+            stride: 0,
+            lsb_first,
+            red: Channel::from_mask(masks.0).expect("red"),
+            green: Channel::from_mask(masks.1).expect("green"),
+            blue: Channel::from_mask(masks.2).expect("blue"),
+        }
+    }
+
+    #[test]
+    fn bgrx_rows_become_rgb() {
+        let f = format(32, true, (0xff0000, 0xff00, 0xff));
+        assert!(f.is_bgrx());
+        let row = [0x30, 0x20, 0x10, 0x00, 0xff, 0x00, 0x80, 0x00];
+        let mut out = [0u8; 6];
+        f.row_to_rgb(&row, 2, &mut out);
+        assert_eq!(out, [0x10, 0x20, 0x30, 0x80, 0x00, 0xff]);
+    }
+
+    #[test]
+    fn other_layouts_decode_through_the_masks() {
+        // 16-bit 5-6-5, most significant byte first: pure red, then white.
+        let f = format(16, false, (0xf800, 0x07e0, 0x001f));
+        assert!(!f.is_bgrx());
+        let row = [0xf8, 0x00, 0xff, 0xff];
+        let mut out = [0u8; 6];
+        f.row_to_rgb(&row, 2, &mut out);
+        assert_eq!(out, [0xff, 0x00, 0x00, 0xff, 0xff, 0xff]);
+        // 32-bit big-endian 0x00RRGGBB takes the slow path and agrees.
+        let f = format(32, false, (0xff0000, 0xff00, 0xff));
+        let row = [0x00, 0x10, 0x20, 0x30];
+        let mut out = [0u8; 3];
+        f.row_to_rgb(&row, 1, &mut out);
+        assert_eq!(out, [0x10, 0x20, 0x30]);
+    }
+
+    #[test]
+    fn counting_writer_counts() {
+        let mut w = CountingWriter {
+            inner: std::io::sink(),
+            count: 0,
+        };
+        w.write_all(&[0; 10]).expect("write");
+        assert_eq!(w.count, 10);
+    }
+}

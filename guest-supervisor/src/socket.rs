@@ -1,0 +1,1072 @@
+//! The guest socket `/run/dormouse/supervisor.sock`: the only channel between
+//! the host and a network-less guest.
+//!
+//! Owns the socket file (stale-socket removal, permissions), accepting
+//! connections, reading bounded frames and answering requests (`hello`,
+//! `status`, `watch`, `screenshot`, `quiesce`, `activity`). Everything a client
+//! sends is hostile until parsed: the 8-byte header is bounds-checked before
+//! anything is allocated, every read and write has a deadline, connections
+//! are capped, and a bad frame closes only its own connection. This module
+//! never changes the status (it reads the [`StatusCell`]) and never stops
+//! services itself (a `quiesce` is handed to the service runner).
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dormouse_protocol::frame::{self, FrameError, HEADER_LEN};
+use dormouse_protocol::{FrameHeader, Hello, Quiesced, Request, Response, PROTOCOL_VERSION};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::{timeout, timeout_at, Instant};
+
+use crate::config::Config;
+use crate::state::{QuiesceRequest, StatusCell};
+
+/// Largest request message the supervisor reads. Requests are a few dozen
+/// bytes; the protocol's general limit ([`dormouse_protocol::MAX_HEADER_LEN`])
+/// would let 64 clients pin 16 MiB of a 4 MiB supervisor.
+pub const MAX_REQUEST_LEN: u32 = 4 * 1024;
+
+/// Mode of the run directory: only root in the guest may enter it.
+pub const RUN_DIR_MODE: u32 = 0o700;
+/// Mode of the socket file.
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// Extra time granted to the service runner's quiesce answer beyond the
+/// bound it was given, so an answer sent right at the bound is not lost.
+const QUIESCE_GRACE: Duration = Duration::from_millis(250);
+
+/// Why the socket could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// The run directory could not be made or secured.
+    #[error("preparing the run directory {path}: {source}")]
+    RunDir {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Something other than a socket sits where the socket goes.
+    #[error("{path} exists and is a {kind}, not a socket: refusing to replace it")]
+    Occupied {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
+    /// A stale socket could not be removed.
+    #[error("removing the stale socket {path}: {source}")]
+    RemoveStale {
+        /// The path.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// `bind` failed.
+    #[error("binding {path}: {source}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The socket's mode could not be set.
+    #[error("setting the mode of {path}: {source}")]
+    Permissions {
+        /// The path.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// Binds the socket and serves it until the returned future is dropped
+/// (which also ends every connection and removes the socket file).
+pub async fn serve(
+    config: Arc<Config>,
+    cell: StatusCell,
+    quiesce: mpsc::Sender<QuiesceRequest>,
+) -> Result<(), SocketError> {
+    let bound = bind(&config)?;
+    tracing::info!(path = %bound.path.display(), "guest socket listening");
+    accept_loop(&bound.listener, config, cell, quiesce).await;
+    Ok(())
+}
+
+/// A bound listener; dropping it unlinks the socket file if it is still the
+/// one this process made.
+#[derive(Debug)]
+pub struct BoundSocket {
+    /// The listener.
+    pub listener: UnixListener,
+    path: PathBuf,
+    dev_ino: (u64, u64),
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if m.file_type().is_socket() && (m.dev(), m.ino()) == self.dev_ino {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Secures the run directory (root-owned, 0700), removes a stale socket
+/// (only a socket, never through a link), binds and sets the socket to 0600.
+pub fn bind(config: &Config) -> Result<BoundSocket, SocketError> {
+    let dir = &config.run_dir;
+    secure_run_dir(dir).map_err(|source| SocketError::RunDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let path = config.socket_path();
+    remove_stale_socket(&path)?;
+    let listener = UnixListener::bind(&path).map_err(|source| SocketError::Bind {
+        path: path.clone(),
+        source,
+    })?;
+    // The directory is 0700 already, so the moment between bind and chmod
+    // exposes nothing.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(
+        |source| SocketError::Permissions {
+            path: path.clone(),
+            source,
+        },
+    )?;
+    let meta = std::fs::symlink_metadata(&path).map_err(|source| SocketError::Bind {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(BoundSocket {
+        listener,
+        path,
+        dev_ino: (meta.dev(), meta.ino()),
+    })
+}
+
+fn secure_run_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new().recursive(true).create(dir)?;
+        }
+        Err(e) => return Err(e),
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(RUN_DIR_MODE))?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.uid() != 0 || meta.gid() != 0 {
+        // The broker's host directory may arrive owned by a host uid that is
+        // the desktop user's uid in here; root must own it so the desktop
+        // user cannot replace the socket. Without CAP_CHOWN (a developer
+        // running unprivileged) the 0700 mode still keeps others out.
+        if let Err(e) = std::os::unix::fs::chown(dir, Some(0), Some(0)) {
+            tracing::warn!(dir = %dir.display(), owner = meta.uid(), error = %e,
+                "cannot make the run directory root-owned");
+        }
+    }
+    Ok(())
+}
+
+fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(SocketError::RemoveStale {
+                path: path.into(),
+                source,
+            })
+        }
+    };
+    let kind = meta.file_type();
+    if !kind.is_socket() {
+        let kind = if kind.is_symlink() {
+            "symbolic link"
+        } else if kind.is_dir() {
+            "directory"
+        } else if kind.is_file() {
+            "regular file"
+        } else {
+            "special file"
+        };
+        return Err(SocketError::Occupied {
+            path: path.into(),
+            kind,
+        });
+    }
+    std::fs::remove_file(path).map_err(|source| SocketError::RemoveStale {
+        path: path.into(),
+        source,
+    })
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+struct Shared {
+    config: Arc<Config>,
+    cell: StatusCell,
+    quiesce: mpsc::Sender<QuiesceRequest>,
+}
+
+/// Accepts until dropped. Connections live in a [`JoinSet`] owned here, so
+/// dropping this future ends them all.
+pub async fn accept_loop(
+    listener: &UnixListener,
+    config: Arc<Config>,
+    cell: StatusCell,
+    quiesce: mpsc::Sender<QuiesceRequest>,
+) {
+    let slots = Arc::new(Semaphore::new(config.socket_max_connections.max(1)));
+    let shared = Arc::new(Shared {
+        config,
+        cell,
+        quiesce,
+    });
+    let mut connections = JoinSet::new();
+    let mut accept_errors = 0u32;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    accept_errors = 0;
+                    match Arc::clone(&slots).try_acquire_owned() {
+                        Ok(permit) => {
+                            let shared = Arc::clone(&shared);
+                            connections.spawn(async move {
+                                serve_connection(stream, &shared).await;
+                                drop(permit);
+                            });
+                        }
+                        Err(_) => refuse_busy(&stream),
+                    }
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of
+                    // spinning, the condition clears when connections end.
+                    accept_errors = accept_errors.saturating_add(1);
+                    let pause = Duration::from_millis(10u64 << accept_errors.min(6));
+                    tracing::warn!(error = %e, ?pause, "accept failed");
+                    tokio::time::sleep(pause).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Tells an over-limit client why it is closed, without ever waiting on it.
+fn refuse_busy(stream: &UnixStream) {
+    tracing::warn!("guest socket connection limit reached; refusing a client");
+    if let Ok(bytes) = frame::encode(
+        &Response::error("busy", "too many connections; try again"),
+        &[],
+    ) {
+        // A fresh socket's send buffer is empty, so this either writes the
+        // whole small frame or nothing; never blocks.
+        let _ = stream.try_write(&bytes);
+    }
+}
+
+/// Why a request could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("request message of {0} bytes exceeds the limit of {MAX_REQUEST_LEN}")]
+    RequestTooLarge(u32),
+    #[error("requests carry no payload, this one announced {0} bytes")]
+    UnexpectedPayload(u32),
+    #[error("the rest of the frame did not arrive within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ReadError {
+    /// The stable code sent in [`Response::Error`].
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Frame(FrameError::MessageTooLarge { .. }) | Self::RequestTooLarge(_) => {
+                "message_too_large"
+            }
+            Self::Frame(FrameError::PayloadTooLarge { .. }) | Self::UnexpectedPayload(_) => {
+                "payload_too_large"
+            }
+            Self::Frame(FrameError::UnsupportedVersion { .. }) => "unsupported_version",
+            Self::Frame(FrameError::UnknownKind(_)) => "unknown_kind",
+            Self::Frame(FrameError::Truncated { .. }) => "truncated",
+            Self::Timeout(_) => "timeout",
+            Self::Frame(_) => "bad_frame",
+        }
+    }
+}
+
+/// Reads one request. `Ok(None)`: the client hung up between frames or was
+/// silent for the whole idle timeout.
+async fn read_request<R: AsyncRead + Unpin>(
+    r: &mut R,
+    idle: Duration,
+    io: Duration,
+) -> Result<Option<Request>, ReadError> {
+    let mut head = [0u8; HEADER_LEN];
+    let first = match timeout(idle, r.read(&mut head)).await {
+        Err(_) => return Ok(None),
+        Ok(Ok(0)) => return Ok(None),
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Err(FrameError::Io(e).into()),
+    };
+    // From the first byte on, the whole frame has one deadline: a client
+    // cannot trickle bytes to hold the connection.
+    let deadline = Instant::now() + io;
+    read_exact_by(r, &mut head, first, deadline, io).await?;
+    let header = FrameHeader::parse(head)?;
+    if header.message_len > MAX_REQUEST_LEN {
+        return Err(ReadError::RequestTooLarge(header.message_len));
+    }
+    if header.payload_len != 0 {
+        return Err(ReadError::UnexpectedPayload(header.payload_len));
+    }
+    let mut json = vec![0u8; header.message_len as usize];
+    read_exact_by(r, &mut json, 0, deadline, io).await?;
+    Ok(Some(frame::decode_message::<Request>(&json)?))
+}
+
+async fn read_exact_by<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut [u8],
+    mut filled: usize,
+    deadline: Instant,
+    io: Duration,
+) -> Result<(), ReadError> {
+    while filled < buf.len() {
+        match timeout_at(deadline, r.read(&mut buf[filled..])).await {
+            Err(_) => return Err(ReadError::Timeout(io)),
+            Ok(Ok(0)) => {
+                return Err(FrameError::Truncated {
+                    expected: buf.len(),
+                    got: filled,
+                }
+                .into())
+            }
+            Ok(Ok(n)) => filled += n,
+            Ok(Err(e)) => return Err(FrameError::Io(e).into()),
+        }
+    }
+    Ok(())
+}
+
+/// Writes one response within the I/O bound. The payload is written after
+/// the message rather than copied into one buffer with it: a screenshot is
+/// the largest thing the supervisor ever holds.
+async fn write_response<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    response: &Response,
+    payload: &[u8],
+    io: Duration,
+) -> Result<(), FrameError> {
+    let mut message = frame::encode(response, &[])?;
+    let header = FrameHeader {
+        message_len: u32::try_from(message.len() - HEADER_LEN).unwrap_or(u32::MAX),
+        payload_len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+    };
+    // Re-parse to apply the protocol's bounds to the payload length too.
+    let header = FrameHeader::parse(header.to_bytes())?;
+    message[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+    let write = async {
+        w.write_all(&message).await?;
+        if !payload.is_empty() {
+            w.write_all(payload).await?;
+        }
+        w.flush().await
+    };
+    match timeout(io, write).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "client did not read in time",
+        ))),
+    }
+}
+
+async fn serve_connection(stream: UnixStream, shared: &Shared) {
+    let idle = Duration::from_millis(shared.config.socket_idle_timeout_ms);
+    let io = Duration::from_millis(shared.config.socket_io_timeout_ms);
+    let (mut rd, mut wr) = stream.into_split();
+    loop {
+        let request = match read_request(&mut rd, idle, io).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "closing a guest socket client after a bad frame");
+                let reply = Response::error(e.code(), e.to_string());
+                let _ = write_response(&mut wr, &reply, &[], io).await;
+                return;
+            }
+        };
+        if request == Request::Watch {
+            watch(&mut rd, &mut wr, shared, io).await;
+            return;
+        }
+        let (response, payload) = answer(request, shared).await;
+        if let Err(e) = write_response(&mut wr, &response, &payload, io).await {
+            tracing::debug!(error = %e, "guest socket client gone");
+            return;
+        }
+    }
+}
+
+/// Serves one request other than `watch`.
+async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
+    match request {
+        Request::Hello => (
+            Response::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                supervisor_version: env!("CARGO_PKG_VERSION").to_owned(),
+                identity: shared.cell.identity().clone(),
+            }),
+            Vec::new(),
+        ),
+        Request::Status | Request::Watch => (Response::Status(shared.cell.snapshot()), Vec::new()),
+        Request::Screenshot => match crate::screenshot::capture(&shared.config).await {
+            Ok(shot) => {
+                tracing::debug!(
+                    width = shot.width,
+                    height = shot.height,
+                    bytes = shot.png.len(),
+                    elapsed_ms = shot.elapsed.as_millis() as u64,
+                    "screenshot"
+                );
+                (
+                    Response::Screenshot {
+                        width: shot.width,
+                        height: shot.height,
+                    },
+                    shot.png,
+                )
+            }
+            Err(e) => (
+                Response::error("screenshot_failed", e.to_string()),
+                Vec::new(),
+            ),
+        },
+        Request::Quiesce { timeout_ms } => (quiesce(timeout_ms, shared).await, Vec::new()),
+        Request::Activity => (
+            Response::Activity(crate::activity::sample(&shared.config).await),
+            Vec::new(),
+        ),
+    }
+}
+
+/// Hands a quiesce to the service runner and waits for its answer within
+/// the bound (clamped to `quiesce_max_ms`). Past the bound the answer is
+/// `complete: false`; the broker stops the container either way.
+async fn quiesce(timeout_ms: u64, shared: &Shared) -> Response {
+    let bound = Duration::from_millis(timeout_ms.min(shared.config.quiesce_max_ms));
+    let started = Instant::now();
+    let deadline = started + bound;
+    let incomplete = |started: Instant| {
+        Response::Quiesced(Quiesced {
+            closed: Vec::new(),
+            complete: false,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        })
+    };
+    let (reply, answer) = oneshot::channel();
+    let request = QuiesceRequest {
+        timeout: bound,
+        reply,
+    };
+    match timeout_at(deadline, shared.quiesce.send(request)).await {
+        Err(_) => return incomplete(started),
+        Ok(Err(_)) => {
+            return Response::error(
+                "quiesce_unavailable",
+                "the service runner is not taking quiesce requests",
+            )
+        }
+        Ok(Ok(())) => {}
+    }
+    match timeout_at(deadline + QUIESCE_GRACE, answer).await {
+        Ok(Ok(done)) => Response::Quiesced(done),
+        Ok(Err(_)) | Err(_) => incomplete(started),
+    }
+}
+
+/// Pushes the status now and after every change until the client hangs up.
+/// Only the latest status is ever sent: a slow reader skips intermediate
+/// states instead of making anything queue, and one that stops reading is
+/// dropped at the write bound.
+async fn watch<R, W>(rd: &mut R, wr: &mut W, shared: &Shared, io: Duration)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut rx = shared.cell.subscribe();
+    let mut scratch = [0u8; 64];
+    loop {
+        let status = rx.borrow_and_update().clone();
+        if write_response(wr, &Response::Status(status), &[], io)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return; // the supervisor is shutting down
+                }
+            }
+            // A watch connection is one-way: end of stream, an error or any
+            // further bytes end it.
+            _ = rd.read(&mut scratch) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dormouse_protocol::frame::Frame;
+    use dormouse_protocol::{
+        ContainerStartIdentity, Phase, ServiceRunState, ServiceState, MAX_HEADER_LEN,
+    };
+
+    /// A hang guard for reads in tests; not a speed assertion.
+    const GUARD: Duration = Duration::from_secs(20);
+
+    struct Guest {
+        _dir: tempfile::TempDir,
+        config: Arc<Config>,
+        cell: StatusCell,
+        quiesce_rx: Option<mpsc::Receiver<QuiesceRequest>>,
+        server: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Guest {
+        fn drop(&mut self) {
+            self.server.abort();
+        }
+    }
+
+    fn identity() -> ContainerStartIdentity {
+        ContainerStartIdentity {
+            boot_id: "0b5e7a4c-boot".into(),
+            pid_ns_inode: 4026532000,
+            pid1_start_time: 123456,
+        }
+    }
+
+    fn start_with(adjust: impl FnOnce(&mut Config)) -> Guest {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config {
+            run_dir: dir.path().join("run"),
+            tmp_dir: dir.path().join("tmp"),
+            proc_root: dir.path().join("proc"),
+            busy_sample_ms: 5,
+            probe_timeout_ms: 1000,
+            ..Config::default()
+        };
+        std::fs::create_dir_all(&config.proc_root).expect("proc");
+        adjust(&mut config);
+        let config = Arc::new(config);
+        let cell = StatusCell::new(identity());
+        let (tx, rx) = mpsc::channel(4);
+        let bound = bind(&config).expect("bind");
+        let server = tokio::spawn({
+            let config = Arc::clone(&config);
+            let cell = cell.clone();
+            async move { accept_loop(&bound.listener, config, cell, tx).await }
+        });
+        Guest {
+            _dir: dir,
+            config,
+            cell,
+            quiesce_rx: Some(rx),
+            server,
+        }
+    }
+
+    fn start() -> Guest {
+        start_with(|_| {})
+    }
+
+    async fn connect(guest: &Guest) -> UnixStream {
+        UnixStream::connect(guest.config.socket_path())
+            .await
+            .expect("connect")
+    }
+
+    async fn send(stream: &mut UnixStream, request: &Request) {
+        let bytes = frame::encode(request, &[]).expect("encode");
+        stream.write_all(&bytes).await.expect("send");
+    }
+
+    /// Reads one response; `None` on a clean close.
+    async fn recv(stream: &mut UnixStream) -> Option<Frame<Response>> {
+        let read = async {
+            let mut head = [0u8; HEADER_LEN];
+            match stream.read_exact(&mut head).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("read: {e}"),
+            }
+            let header = FrameHeader::parse(head).expect("server header");
+            let mut rest = vec![0u8; (header.message_len + header.payload_len) as usize];
+            stream.read_exact(&mut rest).await.expect("frame body");
+            let mut whole = head.to_vec();
+            whole.extend_from_slice(&rest);
+            let (frame, _) = frame::decode::<Response>(&whole)
+                .expect("decode")
+                .expect("whole frame");
+            Some(frame)
+        };
+        timeout(GUARD, read).await.expect("server answered")
+    }
+
+    async fn ask(stream: &mut UnixStream, request: &Request) -> Response {
+        send(stream, request).await;
+        recv(stream).await.expect("an answer").message
+    }
+
+    fn error_code(response: &Response) -> &str {
+        match response {
+            Response::Error { code, .. } => code,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    async fn assert_closed(stream: &mut UnixStream) {
+        assert!(recv(stream).await.is_none(), "connection must be closed");
+    }
+
+    #[tokio::test]
+    async fn hello_and_status() {
+        let guest = start();
+        let mut c = connect(&guest).await;
+        match ask(&mut c, &Request::Hello).await {
+            Response::Hello(h) => {
+                assert_eq!(h.protocol_version, PROTOCOL_VERSION);
+                assert_eq!(h.supervisor_version, env!("CARGO_PKG_VERSION"));
+                assert_eq!(h.identity, identity());
+            }
+            other => panic!("{other:?}"),
+        }
+        // Several requests on one connection, in order.
+        match ask(&mut c, &Request::Status).await {
+            Response::Status(s) => {
+                assert_eq!(s.phase, Phase::Preparing);
+                assert!(!s.ready);
+                assert_eq!(s.identity, identity());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn socket_and_run_dir_are_private() {
+        let guest = start();
+        let dir = std::fs::metadata(&guest.config.run_dir).expect("run dir");
+        assert_eq!(dir.permissions().mode() & 0o777, RUN_DIR_MODE);
+        let sock = std::fs::symlink_metadata(guest.config.socket_path()).expect("socket");
+        assert!(sock.file_type().is_socket());
+        assert_eq!(sock.permissions().mode() & 0o777, SOCKET_MODE);
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!((dir.uid(), dir.gid()), (0, 0));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_but_nothing_else_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            run_dir: dir.path().join("run"),
+            ..Config::default()
+        };
+        std::fs::create_dir_all(&config.run_dir).expect("mkdir");
+        // A socket left by a killed supervisor.
+        drop(std::os::unix::net::UnixListener::bind(config.socket_path()).expect("stale"));
+        let bound = bind(&config).expect("stale socket replaced");
+        drop(bound);
+        assert!(
+            std::fs::symlink_metadata(config.socket_path()).is_err(),
+            "dropping the server removes its socket"
+        );
+
+        // A symlink is never followed nor replaced.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").expect("victim");
+        std::os::unix::fs::symlink(&victim, config.socket_path()).expect("symlink");
+        let err = bind(&config).expect_err("symlink refused");
+        assert!(
+            matches!(
+                err,
+                SocketError::Occupied {
+                    kind: "symbolic link",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "keep");
+        std::fs::remove_file(config.socket_path()).expect("rm link");
+
+        std::fs::write(config.socket_path(), "a file").expect("file");
+        let err = bind(&config).expect_err("file refused");
+        assert!(
+            matches!(
+                err,
+                SocketError::Occupied {
+                    kind: "regular file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn watch_pushes_every_change_without_polling() {
+        let guest = start();
+        let mut w = connect(&guest).await;
+        send(&mut w, &Request::Watch).await;
+        let first = recv(&mut w).await.expect("current status");
+        assert!(matches!(&first.message, Response::Status(s) if s.phase == Phase::Preparing));
+
+        // Nothing is sent until something changes...
+        let quiet = timeout(Duration::from_millis(100), w.read_u8()).await;
+        assert!(quiet.is_err(), "watch sent without a change");
+
+        // ...and each change arrives by itself.
+        guest.cell.set_prepared();
+        let pushed = recv(&mut w).await.expect("pushed");
+        assert!(matches!(&pushed.message, Response::Status(s) if s.phase == Phase::Starting));
+        let service = ServiceState {
+            name: "xvfb".into(),
+            state: ServiceRunState::Running,
+            pid: Some(7),
+            restarts: 0,
+            last_exit: None,
+            ready_since: None,
+        };
+        guest.cell.set_services(vec![service], None);
+        guest.cell.set_health(
+            guest.cell.services_epoch(),
+            dormouse_protocol::HealthReport::from_checks(
+                vec![dormouse_protocol::Check::new(
+                    "x",
+                    dormouse_protocol::CheckStatus::Ok,
+                    "",
+                )],
+                chrono::Utc::now(),
+            ),
+        );
+        // The watcher may see the intermediate state or only the latest; it
+        // always ends on ready.
+        loop {
+            let next = recv(&mut w).await.expect("pushed");
+            match next.message {
+                Response::Status(s) if s.ready => {
+                    assert_eq!(s.phase, Phase::Ready);
+                    break;
+                }
+                Response::Status(_) => continue,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_frames_close_only_their_connection() {
+        let guest = start();
+        let mut bystander = connect(&guest).await;
+        assert!(matches!(
+            ask(&mut bystander, &Request::Hello).await,
+            Response::Hello(_)
+        ));
+
+        let raw = |json: &str| {
+            let mut bytes = FrameHeader {
+                message_len: json.len() as u32,
+                payload_len: 0,
+            }
+            .to_bytes()
+            .to_vec();
+            bytes.extend_from_slice(json.as_bytes());
+            bytes
+        };
+        let oversized = FrameHeader {
+            message_len: MAX_HEADER_LEN + 1,
+            payload_len: 0,
+        }
+        .to_bytes()
+        .to_vec();
+        let over_request_limit = FrameHeader {
+            message_len: MAX_REQUEST_LEN + 1,
+            payload_len: 0,
+        }
+        .to_bytes()
+        .to_vec();
+        let with_payload = {
+            let json = br#"{"v":1,"kind":"hello"}"#;
+            let mut b = FrameHeader {
+                message_len: json.len() as u32,
+                payload_len: 1 << 20,
+            }
+            .to_bytes()
+            .to_vec();
+            b.extend_from_slice(json);
+            b
+        };
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "http garbage",
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+                "message_too_large",
+            ),
+            ("json garbage", raw("this is not json"), "bad_frame"),
+            ("empty message", vec![0; 8], "bad_frame"),
+            ("oversized header", oversized, "message_too_large"),
+            (
+                "over the request limit",
+                over_request_limit,
+                "message_too_large",
+            ),
+            ("payload on a request", with_payload, "payload_too_large"),
+            (
+                "unknown kind",
+                raw(r#"{"v":1,"kind":"format_disk"}"#),
+                "unknown_kind",
+            ),
+            (
+                "newer version",
+                raw(r#"{"v":99,"kind":"hello"}"#),
+                "unsupported_version",
+            ),
+        ];
+        for (what, bytes, code) in cases {
+            let mut c = connect(&guest).await;
+            c.write_all(&bytes).await.expect(what);
+            let answer = recv(&mut c)
+                .await
+                .unwrap_or_else(|| panic!("{what}: no answer"));
+            assert_eq!(error_code(&answer.message), code, "{what}");
+            assert_closed(&mut c).await;
+            assert!(
+                matches!(
+                    ask(&mut bystander, &Request::Status).await,
+                    Response::Status(_)
+                ),
+                "{what}: bystander still served"
+            );
+        }
+
+        // Truncated: the header promises more than ever arrives.
+        let mut c = connect(&guest).await;
+        let full = raw(r#"{"v":1,"kind":"status"}"#);
+        c.write_all(&full[..12]).await.expect("partial");
+        c.shutdown().await.expect("half-close");
+        let answer = recv(&mut c).await.expect("an answer");
+        assert_eq!(error_code(&answer.message), "truncated");
+        assert_closed(&mut c).await;
+        assert!(matches!(
+            ask(&mut bystander, &Request::Hello).await,
+            Response::Hello(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn fifty_concurrent_clients_are_served() {
+        let guest = start();
+        let path = guest.config.socket_path();
+        let mut clients = JoinSet::new();
+        for i in 0..50 {
+            let path = path.clone();
+            clients.spawn(async move {
+                let mut c = UnixStream::connect(&path).await.expect("connect");
+                for _ in 0..3 {
+                    let request = if i % 2 == 0 {
+                        Request::Hello
+                    } else {
+                        Request::Status
+                    };
+                    let response = ask(&mut c, &request).await;
+                    assert!(matches!(response, Response::Hello(_) | Response::Status(_)));
+                }
+            });
+        }
+        let mut served = 0;
+        while let Some(done) = clients.join_next().await {
+            done.expect("client task");
+            served += 1;
+        }
+        assert_eq!(served, 50);
+    }
+
+    #[tokio::test]
+    async fn clients_over_the_limit_are_refused_with_a_reason() {
+        let guest = start_with(|c| c.socket_max_connections = 2);
+        let mut a = connect(&guest).await;
+        let mut b = connect(&guest).await;
+        // Make sure both are accepted and hold their slots.
+        assert!(matches!(
+            ask(&mut a, &Request::Hello).await,
+            Response::Hello(_)
+        ));
+        assert!(matches!(
+            ask(&mut b, &Request::Hello).await,
+            Response::Hello(_)
+        ));
+        let mut c = connect(&guest).await;
+        let refused = recv(&mut c).await.expect("a reason");
+        assert_eq!(error_code(&refused.message), "busy");
+        assert_closed(&mut c).await;
+        // A slot frees when a client leaves.
+        drop(a);
+        let mut d = None;
+        for _ in 0..100 {
+            let mut try_d = connect(&guest).await;
+            send(&mut try_d, &Request::Hello).await;
+            if let Some(Frame {
+                message: Response::Hello(_),
+                ..
+            }) = recv(&mut try_d).await
+            {
+                d = Some(try_d);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(d.is_some(), "a freed slot is reused");
+        assert!(matches!(
+            ask(&mut b, &Request::Status).await,
+            Response::Status(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_silent_or_trickling_client_blocks_nobody() {
+        let guest = start();
+        // Silent: connected, sends nothing.
+        let _silent = connect(&guest).await;
+        // Trickling: half a header, then nothing.
+        let mut trickle = connect(&guest).await;
+        trickle.write_all(&[0, 0, 0]).await.expect("partial header");
+        // A watcher that never reads while the status changes many times.
+        let mut deaf = connect(&guest).await;
+        send(&mut deaf, &Request::Watch).await;
+        for _ in 0..200 {
+            guest.cell.set_prepared();
+            guest.cell.set_stopping();
+        }
+        let mut c = connect(&guest).await;
+        for _ in 0..10 {
+            assert!(matches!(
+                ask(&mut c, &Request::Hello).await,
+                Response::Hello(_)
+            ));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_and_trickling_clients_are_dropped_at_their_deadlines() {
+        let guest = start();
+        let mut silent = connect(&guest).await;
+        let mut trickle = connect(&guest).await;
+        trickle.write_all(&[0, 0, 0]).await.expect("partial header");
+        // Time passes only on the paused clock: the idle bound closes the
+        // silent one without a word, the frame bound answers the trickler.
+        assert_closed(&mut silent).await;
+        let answer = recv(&mut trickle).await.expect("timeout reason");
+        assert_eq!(error_code(&answer.message), "timeout");
+        assert_closed(&mut trickle).await;
+    }
+
+    #[tokio::test]
+    async fn quiesce_is_handed_to_the_service_runner() {
+        let mut guest = start();
+        let mut rx = guest.quiesce_rx.take().expect("receiver");
+        let runner = tokio::spawn(async move {
+            let request = rx.recv().await.expect("a quiesce");
+            assert_eq!(request.timeout, Duration::from_millis(3000));
+            let _ = request.reply.send(Quiesced {
+                closed: vec!["browser".into()],
+                complete: true,
+                elapsed_ms: 12,
+            });
+            rx
+        });
+        let mut c = connect(&guest).await;
+        match ask(&mut c, &Request::Quiesce { timeout_ms: 3000 }).await {
+            Response::Quiesced(q) => {
+                assert!(q.complete);
+                assert_eq!(q.closed, vec!["browser".to_owned()]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let _rx = runner.await.expect("runner");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiesce_past_its_bound_is_incomplete() {
+        let mut guest = start_with(|c| c.quiesce_max_ms = 2000);
+        let mut rx = guest.quiesce_rx.take().expect("receiver");
+        // A runner that takes the request and never answers in time.
+        let runner = tokio::spawn(async move {
+            let request = rx.recv().await.expect("a quiesce");
+            // Asked for an hour, clamped to quiesce_max_ms.
+            assert_eq!(request.timeout, Duration::from_millis(2000));
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(request);
+        });
+        let mut c = connect(&guest).await;
+        match ask(
+            &mut c,
+            &Request::Quiesce {
+                timeout_ms: 3_600_000,
+            },
+        )
+        .await
+        {
+            Response::Quiesced(q) => assert!(!q.complete),
+            other => panic!("{other:?}"),
+        }
+        runner.abort();
+    }
+
+    #[tokio::test]
+    async fn quiesce_without_a_runner_says_so() {
+        let mut guest = start();
+        drop(guest.quiesce_rx.take());
+        let mut c = connect(&guest).await;
+        let answer = ask(&mut c, &Request::Quiesce { timeout_ms: 100 }).await;
+        assert_eq!(error_code(&answer), "quiesce_unavailable");
+    }
+
+    #[tokio::test]
+    async fn screenshot_and_activity_without_a_display_answer_anyway() {
+        let guest = start();
+        let mut c = connect(&guest).await;
+        let shot = ask(&mut c, &Request::Screenshot).await;
+        assert_eq!(error_code(&shot), "screenshot_failed");
+        match ask(&mut c, &Request::Activity).await {
+            Response::Activity(a) => {
+                assert_eq!(a.input_idle_ms, None);
+                assert!(!a.busy);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

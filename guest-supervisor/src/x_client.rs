@@ -1,0 +1,156 @@
+//! The supervisor's own client connections to the X display it runs.
+//!
+//! Owns connecting to display `:<N>` through the socket file under
+//! `config.tmp_dir/.X11-unix` (never `$DISPLAY`, never TCP) and bounding
+//! every use in time. x11rb's blocking connection waits in `poll(2)` without a
+//! timeout, so the work runs on a blocking thread and a watchdog shuts the
+//! socket down when the bound passes, which wakes that `poll` and ends the
+//! thread. This module must never leave a thread stuck on a hung X server, nor
+//! keep a connection open between uses (an idle connection is memory and a
+//! file descriptor the 4 MiB supervisor does not need).
+
+use std::net::Shutdown;
+use std::time::Duration;
+
+use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
+use x11rb::rust_connection::{DefaultStream, RustConnection};
+
+use crate::config::Config;
+
+/// Why the X display could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum XError {
+    /// The display's socket file does not accept connections.
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        /// The socket file.
+        path: String,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// The X connection setup failed (refused, bad reply).
+    #[error("x connection setup failed: {0}")]
+    Setup(#[from] ConnectError),
+    /// A request failed or the connection broke.
+    #[error("x request failed: {0}")]
+    Request(#[from] ReplyError),
+    /// The connection broke while sending.
+    #[error("x connection failed: {0}")]
+    Connection(#[from] ConnectionError),
+    /// The display did not answer within the bound.
+    #[error("x display did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The work thread panicked or was cancelled.
+    #[error("x work thread ended abnormally: {0}")]
+    Join(String),
+    /// The server answered with something this code cannot use.
+    #[error("{0}")]
+    Unexpected(String),
+}
+
+/// Connects to the configured display, runs `work` on a blocking thread with
+/// the connection and the screen number, and closes the connection.
+///
+/// The whole of it — connect, setup, `work` — is bounded by `bound`.
+pub async fn with_display<T, F>(config: &Config, bound: Duration, work: F) -> Result<T, XError>
+where
+    T: Send + 'static,
+    F: FnOnce(&RustConnection, usize) -> Result<T, XError> + Send + 'static,
+{
+    let path = config.x_socket_path();
+    let connect = tokio::net::UnixStream::connect(&path);
+    let stream = match tokio::time::timeout(bound, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(source)) => {
+            return Err(XError::Connect {
+                path: path.display().to_string(),
+                source,
+            })
+        }
+        Err(_) => return Err(XError::Timeout(bound)),
+    };
+    let stream = stream.into_std().map_err(|source| XError::Connect {
+        path: path.display().to_string(),
+        source,
+    })?;
+    // A second handle on the same socket: shutting it down wakes the blocked
+    // thread however deep in x11rb it waits.
+    let watchdog = stream.try_clone().map_err(|source| XError::Connect {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut work_thread = tokio::task::spawn_blocking(move || {
+        let (stream, _peer) =
+            DefaultStream::from_unix_stream(stream).map_err(ConnectError::from)?;
+        // Xvfb is started without an authority file: its socket sits in a
+        // directory only the container can reach, and the guest has no
+        // network. So the setup carries no cookie.
+        let conn = RustConnection::connect_to_stream(stream, 0)?;
+        work(&conn, 0)
+    });
+    match tokio::time::timeout(bound, &mut work_thread).await {
+        Ok(joined) => joined.map_err(|e| XError::Join(e.to_string()))?,
+        Err(_) => {
+            let _ = watchdog.shutdown(Shutdown::Both);
+            // The thread now fails fast; wait so it never outlives the call.
+            let _ = work_thread.await;
+            Err(XError::Timeout(bound))
+        }
+    }
+}
+
+/// Size and depth of the root window of `screen`.
+pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, u8), XError> {
+    use x11rb::connection::Connection as _;
+    let root = conn
+        .setup()
+        .roots
+        .get(screen)
+        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?;
+    Ok((
+        u32::from(root.width_in_pixels),
+        u32::from(root.height_in_pixels),
+        root.root_depth,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_display_is_a_connect_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            tmp_dir: dir.path().into(),
+            ..Config::default()
+        };
+        let err = with_display(&config, Duration::from_secs(1), |_, _| Ok(()))
+            .await
+            .expect_err("no display");
+        assert!(matches!(err, XError::Connect { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_display_times_out_and_frees_the_thread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config {
+            tmp_dir: dir.path().into(),
+            ..Config::default()
+        };
+        std::fs::create_dir_all(dir.path().join(".X11-unix")).expect("mkdir");
+        // A listener that accepts and never answers the X setup.
+        let listener =
+            tokio::net::UnixListener::bind(config.x_socket_path()).expect("bind fake display");
+        let hold = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(stream);
+        });
+        let err = with_display(&config, Duration::from_millis(200), |_, _| Ok(()))
+            .await
+            .expect_err("silent display");
+        assert!(matches!(err, XError::Timeout(_)), "{err}");
+        hold.abort();
+    }
+}
