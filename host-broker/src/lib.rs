@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod command;
 pub mod config;
 pub mod error;

@@ -1,0 +1,148 @@
+//! Extractors that turn the parts of a request into typed values or a 400.
+//!
+//! Everything a handler receives has been parsed here: ids are UUIDs before
+//! they go anywhere, the fencing generation is a number, JSON bodies match
+//! their schema exactly (unknown fields are refused). A rejected request never
+//! reaches the broker core, so it changes nothing.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use dormouse_protocol::api::GENERATION_HEADER;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::BODY_LIMIT;
+use crate::command::Fence;
+
+/// The `{id}` of a computer route, parsed as a UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComputerId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for ComputerId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::bad_request("the computer id in the path is missing"))?;
+        Uuid::try_parse(&raw).map(ComputerId).map_err(|_| {
+            ApiError::bad_request(format!(
+                "{:?} is not a computer id (a UUID such as 67e55044-10b1-426f-9247-bb680e5fe0c8)",
+                truncate(&raw, 64)
+            ))
+        })
+    }
+}
+
+/// The caller's fencing generation from the `Dormouse-Generation` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation(pub Fence);
+
+impl<S: Send + Sync> FromRequestParts<S> for Generation {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut values = parts.headers.get_all(GENERATION_HEADER).iter();
+        let Some(value) = values.next() else {
+            return Ok(Self(None));
+        };
+        if values.next().is_some() {
+            return Err(ApiError::bad_request(format!(
+                "{GENERATION_HEADER} was sent more than once"
+            )));
+        }
+        value
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|g| Self(Some(g)))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{GENERATION_HEADER} must be a non-negative integer"
+                ))
+            })
+    }
+}
+
+/// A JSON body parsed strictly into `T`.
+///
+/// Unlike `axum::Json` it does not insist on a `Content-Type` (so `curl -d`
+/// works), answers 400 for every malformed body (axum says 422 for a schema
+/// mismatch), 413 over [`BODY_LIMIT`], and reads an empty body as `{}` when
+/// `T` allows it.
+#[derive(Debug, Clone)]
+pub struct JsonBody<T>(pub T);
+
+impl<T, S> FromRequest<S> for JsonBody<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::payload_too_large(BODY_LIMIT)
+            } else {
+                ApiError::bad_request("the request body could not be read")
+            }
+        })?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+    }
+}
+
+/// The query of `DELETE /v1/computers/{id}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoveQuery {
+    /// Delete the workspace too.
+    pub purge: bool,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RemoveQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut query = Self::default();
+        for pair in parts.uri.query().unwrap_or("").split('&') {
+            if pair.is_empty() {
+                continue;
+            }
+            let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+            match (key, value) {
+                ("purge", "true" | "1") => query.purge = true,
+                ("purge", "false" | "0") => query.purge = false,
+                ("purge", _) => {
+                    return Err(ApiError::bad_request("purge must be true or false"));
+                }
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown query parameter {:?}",
+                        truncate(key, 64)
+                    )));
+                }
+            }
+        }
+        Ok(query)
+    }
+}
+
+/// Cuts what a client sent before echoing it in a message.
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}

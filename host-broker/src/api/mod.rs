@@ -1,0 +1,240 @@
+//! The broker's HTTP and WebSocket API (axum).
+//!
+//! This layer only parses and answers (firecracker's split): every handler
+//! turns a request into one call on [`BrokerHandle`] and maps the result to
+//! HTTP. It must never touch the engine or the disk, and a request it refuses
+//! (bad JSON, bad id, no token, too large) never reaches the core, so it
+//! changes nothing.
+//!
+//! Routes are declared once, in [`route_table`]'s builder, which both mounts
+//! them and lists them, so the OpenAPI document can be checked against what
+//! is actually served.
+
+pub mod auth;
+mod computers;
+pub mod error;
+mod events;
+mod extract;
+mod panel;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::handler::Handler;
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{on, MethodFilter};
+use axum::Router;
+use dormouse_protocol::api::ContainerState;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::ApiToken;
+pub use error::ApiError;
+
+use crate::command::BrokerHandle;
+use crate::metrics::Metrics;
+
+/// Largest request body accepted; larger ones get 413 and change nothing.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// The OpenAPI 3 document of this API, served at `GET /v1/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+
+/// What every handler can reach: the core's handle and nothing that does I/O
+/// on its own.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    /// The seam to the one task that owns state.
+    pub broker: BrokerHandle,
+    /// Counters rendered by `GET /metrics`.
+    pub metrics: Arc<Metrics>,
+    /// The accepted bearer token.
+    pub token: ApiToken,
+    /// Cancelled when the daemon stops; open WebSockets then close with 1001.
+    pub shutdown: CancellationToken,
+}
+
+impl ApiState {
+    /// State around a broker handle, with a shutdown signal of its own.
+    pub fn new(broker: BrokerHandle, metrics: Arc<Metrics>, token: ApiToken) -> Self {
+        Self {
+            broker,
+            metrics,
+            token,
+            shutdown: CancellationToken::new(),
+        }
+    }
+}
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Needs the bearer token.
+    Token,
+    /// Served to anyone: the health check and the panel's static files.
+    Public,
+}
+
+/// One route the API serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// HTTP method.
+    pub method: Method,
+    /// Path in OpenAPI/axum syntax, e.g. `/v1/computers/{id}`.
+    pub path: &'static str,
+    /// Who may call it.
+    pub access: Access,
+}
+
+/// Builds the router and the list of its routes in one pass.
+#[derive(Default)]
+struct Routes {
+    protected: Router<ApiState>,
+    public: Router<ApiState>,
+    table: Vec<RouteSpec>,
+}
+
+impl Routes {
+    fn add<H, T>(mut self, access: Access, method: Method, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, ApiState>,
+        T: 'static,
+    {
+        let filter =
+            MethodFilter::try_from(method.clone()).expect("routes only use standard methods");
+        match access {
+            Access::Token => self.protected = self.protected.route(path, on(filter, handler)),
+            Access::Public => self.public = self.public.route(path, on(filter, handler)),
+        }
+        self.table.push(RouteSpec {
+            method,
+            path,
+            access,
+        });
+        self
+    }
+
+    fn all() -> Self {
+        use Access::{Public, Token};
+        Self::default()
+            .add(Public, Method::GET, "/healthz", healthz)
+            .add(Public, Method::GET, "/", panel::index)
+            .add(Public, Method::GET, "/panel/panel.css", panel::css)
+            .add(Public, Method::GET, "/panel/panel.js", panel::js)
+            .add(Token, Method::GET, "/metrics", metrics)
+            .add(Token, Method::GET, "/v1/openapi.json", openapi)
+            .add(Token, Method::GET, "/v1/events", events::events)
+            .add(Token, Method::POST, "/v1/computers", computers::create)
+            .add(Token, Method::GET, "/v1/computers", computers::list)
+            .add(Token, Method::GET, "/v1/computers/{id}", computers::get)
+            .add(Token, Method::PATCH, "/v1/computers/{id}", computers::patch)
+            .add(
+                Token,
+                Method::DELETE,
+                "/v1/computers/{id}",
+                computers::remove,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/start",
+                computers::start,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/stop",
+                computers::stop,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/touch",
+                computers::touch,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/lease",
+                computers::lease,
+            )
+            .add(
+                Token,
+                Method::GET,
+                "/v1/computers/{id}/screenshot",
+                computers::screenshot,
+            )
+    }
+}
+
+/// Every route [`router`] serves.
+pub fn route_table() -> Vec<RouteSpec> {
+    Routes::all().table
+}
+
+/// The whole API as one router.
+pub fn router(state: ApiState) -> Router {
+    let routes = Routes::all();
+    routes
+        .protected
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
+        .merge(routes.public)
+        .fallback(|| async { ApiError::no_route() })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(access_log))
+        .with_state(state)
+}
+
+/// `GET /healthz`: the process serves; says nothing about the engine.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /v1/openapi.json`.
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+/// `GET /metrics`: Prometheus text, with desktops counted by container state.
+async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let computers = state.broker.list().await?;
+    let count =
+        |wanted: ContainerState| computers.iter().filter(|c| c.container == wanted).count() as u64;
+    let by_state = [
+        ("running", count(ContainerState::Running)),
+        ("stopped", count(ContainerState::Stopped)),
+        ("missing", count(ContainerState::Missing)),
+        ("unknown", count(ContainerState::Unknown)),
+    ];
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(&by_state),
+    )
+        .into_response())
+}
+
+/// One line per request: method, path, status, duration. The query string is
+/// never logged (it may carry a token on `/v1/events`).
+async fn access_log(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status();
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status == StatusCode::UNAUTHORIZED || status.is_server_error() {
+        tracing::warn!(target: "dormouse::access", %method, path, status = status.as_u16(), ms, "request");
+    } else {
+        tracing::info!(target: "dormouse::access", %method, path, status = status.as_u16(), ms, "request");
+    }
+    response
+}

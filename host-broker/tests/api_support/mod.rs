@@ -1,0 +1,294 @@
+//! A scripted broker core for router tests: it answers [`Command`]s from an
+//! in-memory table, broadcasts events like the real owner, and records every
+//! command it receives so a test can assert that a bad request made none.
+
+#![allow(dead_code, clippy::redundant_closure_call)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use dormouse_broker::api::{self, ApiState, ApiToken};
+use dormouse_broker::command::{BrokerHandle, Command, Fence};
+use dormouse_broker::error::BrokerError;
+use dormouse_broker::metrics::Metrics;
+use dormouse_protocol::api::{
+    BrokerEvent, ComputerStatus, ContainerState, IdleStatus, LeaseGrant, StopReason,
+};
+use dormouse_protocol::Phase;
+use tokio::sync::{broadcast, mpsc};
+use uuid::Uuid;
+
+/// The token every test uses.
+pub const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// A one-pixel PNG.
+pub const PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0xf0,
+    0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+/// The scripted core's shared table and its record of commands.
+#[derive(Debug, Default)]
+pub struct Script {
+    /// Computers by id.
+    pub computers: BTreeMap<Uuid, ComputerStatus>,
+    /// Every command received, as `verb id`.
+    pub calls: Vec<String>,
+    /// When set, every command fails with this error.
+    pub fail_with: Option<BrokerError>,
+    /// How long a started desktop stays running but not ready.
+    pub boot_time: Duration,
+}
+
+/// A router over a scripted core.
+pub struct Harness {
+    /// The router's state (broker handle, token, shutdown).
+    pub state: ApiState,
+    /// The scripted core's table.
+    pub script: Arc<Mutex<Script>>,
+    /// The core's event sender (to inject events).
+    pub events: broadcast::Sender<BrokerEvent>,
+}
+
+impl Harness {
+    /// A harness with one stopped computer and one running, ready one.
+    pub fn new() -> Self {
+        Self::with_capacity(64)
+    }
+
+    /// Same, with a given event-channel capacity (small forces lag).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let (tx, rx) = mpsc::channel(16);
+        let (events, _) = broadcast::channel(capacity);
+        let script = Arc::new(Mutex::new(Script::default()));
+        tokio::spawn(owner(rx, script.clone(), events.clone()));
+        let handle = BrokerHandle::new(tx, events.clone());
+        let state = ApiState::new(handle, Arc::new(Metrics::default()), ApiToken::new(TOKEN));
+        Self {
+            state,
+            script,
+            events,
+        }
+    }
+
+    /// The API router.
+    pub fn router(&self) -> axum::Router {
+        api::router(self.state.clone())
+    }
+
+    /// Adds a computer in the given state; returns its id.
+    pub fn add(&self, name: &str, running: bool) -> Uuid {
+        let status = sample(Uuid::new_v4(), name, running);
+        let id = status.id;
+        self.lock().computers.insert(id, status);
+        id
+    }
+
+    /// The recorded calls.
+    pub fn calls(&self) -> Vec<String> {
+        self.lock().calls.clone()
+    }
+
+    /// A snapshot of the table.
+    pub fn computers(&self) -> BTreeMap<Uuid, ComputerStatus> {
+        self.lock().computers.clone()
+    }
+
+    /// Locks the script.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.script.lock().expect("script lock")
+    }
+}
+
+/// A status as the real core would report it.
+pub fn sample(id: Uuid, name: &str, running: bool) -> ComputerStatus {
+    ComputerStatus {
+        id,
+        name: name.into(),
+        owner: "default".into(),
+        container: if running {
+            ContainerState::Running
+        } else {
+            ContainerState::Stopped
+        },
+        ready: running,
+        phase: running.then_some(Phase::Ready),
+        problem: None,
+        stop_reason: (!running).then_some(StopReason::Idle),
+        stopped_at: (!running).then(Utc::now),
+        resumable: !running,
+        resumable_problem: running.then(|| "the container is running".into()),
+        generation: 1,
+        health: None,
+        image_id: "sha256:0000".into(),
+        idle: Some(IdleStatus {
+            timeout_ms: 8 * 3600 * 1000,
+            idle_for_ms: 0,
+            stops_at: running.then(|| Utc::now() + chrono::Duration::hours(8)),
+        }),
+    }
+}
+
+fn check_fence(status: &ComputerStatus, fence: Fence) -> Result<(), BrokerError> {
+    match fence {
+        Some(g) if g != status.generation => Err(BrokerError::StaleGeneration {
+            given: g.to_string(),
+            current: status.generation,
+        }),
+        _ => Ok(()),
+    }
+}
+
+async fn owner(
+    mut rx: mpsc::Receiver<Command>,
+    script: Arc<Mutex<Script>>,
+    events: broadcast::Sender<BrokerEvent>,
+) {
+    while let Some(command) = rx.recv().await {
+        let mut s = script.lock().expect("script lock");
+        let fail = s.fail_with.clone();
+        let boot_time = s.boot_time;
+        macro_rules! answer {
+            ($reply:expr, $name:expr, $id:expr, $body:expr) => {{
+                s.calls.push(format!("{} {}", $name, $id));
+                let result = match &fail {
+                    Some(err) => Err(err.clone()),
+                    // A closure, so `?` and `return` in a body end this command only.
+                    None => (|| $body)(),
+                };
+                let _ = $reply.send(result);
+            }};
+        }
+        let publish = |status: &ComputerStatus| {
+            let _ = events.send(BrokerEvent::Status {
+                computer: Box::new(status.clone()),
+            });
+        };
+        match command {
+            Command::Create(req, reply) => {
+                let id = Uuid::new_v4();
+                answer!(reply, "create", id, {
+                    let name = req
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| id.to_string()[..8].into());
+                    let mut status = sample(id, &name, true);
+                    if let Some(owner) = req.owner.clone() {
+                        status.owner = owner;
+                    }
+                    s.computers.insert(id, status.clone());
+                    publish(&status);
+                    Ok(status)
+                })
+            }
+            Command::List(reply) => answer!(reply, "list", "*", {
+                Ok(s.computers.values().cloned().collect())
+            }),
+            Command::Get(id, reply) => answer!(reply, "get", id, {
+                s.computers
+                    .get(&id)
+                    .cloned()
+                    .ok_or(BrokerError::NotFound(id))
+            }),
+            Command::Start(id, fence, reply) => answer!(reply, "start", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                if c.container == ContainerState::Running {
+                    return Err(BrokerError::WrongState("the computer is running".into()));
+                }
+                c.container = ContainerState::Running;
+                c.ready = boot_time.is_zero();
+                c.phase = Some(if c.ready {
+                    Phase::Ready
+                } else {
+                    Phase::Starting
+                });
+                c.stop_reason = None;
+                c.stopped_at = None;
+                c.resumable = false;
+                let status = c.clone();
+                publish(&status);
+                if !boot_time.is_zero() {
+                    let script = script.clone();
+                    let events = events.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(boot_time).await;
+                        let mut s = script.lock().expect("script lock");
+                        if let Some(c) = s.computers.get_mut(&id) {
+                            if c.container == ContainerState::Running {
+                                c.ready = true;
+                                c.phase = Some(Phase::Ready);
+                                c.idle = Some(IdleStatus {
+                                    timeout_ms: 8 * 3600 * 1000,
+                                    idle_for_ms: 0,
+                                    stops_at: Some(Utc::now() + chrono::Duration::hours(8)),
+                                });
+                                let _ = events.send(BrokerEvent::Status {
+                                    computer: Box::new(c.clone()),
+                                });
+                            }
+                        }
+                    });
+                }
+                Ok(status)
+            }),
+            Command::Stop(id, fence, reply) => answer!(reply, "stop", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                c.container = ContainerState::Stopped;
+                c.ready = false;
+                c.phase = None;
+                c.stop_reason = Some(StopReason::Manual);
+                c.stopped_at = Some(Utc::now());
+                c.resumable = true;
+                let status = c.clone();
+                publish(&status);
+                Ok(status)
+            }),
+            Command::Remove {
+                id, fence, reply, ..
+            } => answer!(reply, "remove", id, {
+                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                s.computers.remove(&id);
+                let _ = events.send(BrokerEvent::Removed { id });
+                Ok(())
+            }),
+            Command::Touch(id, fence, reply) => answer!(reply, "touch", id, {
+                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                Ok(c.clone())
+            }),
+            Command::Patch(id, patch, fence, reply) => answer!(reply, "patch", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                if let (Some(ms), Some(idle)) = (patch.idle_timeout_ms, c.idle.as_mut()) {
+                    idle.timeout_ms = ms;
+                }
+                Ok(c.clone())
+            }),
+            Command::Lease(id, req, reply) => answer!(reply, "lease", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                c.generation += 1;
+                Ok(LeaseGrant {
+                    generation: c.generation,
+                    holder: req.holder.clone(),
+                    expires_at: Utc::now() + chrono::Duration::milliseconds(req.ttl_ms as i64),
+                })
+            }),
+            Command::Screenshot(id, reply) => answer!(reply, "screenshot", id, {
+                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                if c.ready {
+                    Ok(PNG.to_vec())
+                } else {
+                    Err(BrokerError::WrongState("the desktop is not ready".into()))
+                }
+            }),
+        }
+    }
+}
