@@ -2,10 +2,22 @@
 //! `CI=true`, failing) when there is no engine, unique labelled names, and
 //! guards that remove what a test made even when it panics.
 //!
-//! Used by the end-to-end tests in `tests/tests/` and by the real-engine tests
-//! of the supervisor and broker crates (as a dev-dependency).
+//! Used by the end-to-end tests in `tests/tests/`, by the chaos harness and
+//! the benchmark (`src/bin/`), and by the real-engine tests of the supervisor
+//! and broker crates (as a dev-dependency). The modules below drive a real
+//! `dormoused` ([`broker`]), speak its API ([`client`]), look at the engine
+//! ([`engine`]) and play the user inside a desktop ([`guest`], [`markers`],
+//! [`browser`]).
 
 #![allow(clippy::unwrap_used)]
+
+pub mod broker;
+pub mod browser;
+pub mod client;
+pub mod engine;
+pub mod guest;
+pub mod latency;
+pub mod markers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

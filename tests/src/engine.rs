@@ -1,0 +1,228 @@
+//! The engine as the harness sees it, through the `docker` CLI and without
+//! the broker: what a container is now, what the engine did to it, and the
+//! blunt instruments (`docker kill -s KILL`) used behind the broker's back.
+//!
+//! Async (tokio processes) so a test can keep a request to the broker in
+//! flight while it asks the engine. It never creates or removes containers
+//! of the broker; removal belongs to the guards in [`crate::broker`].
+
+use std::process::{Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Runs `docker` with these arguments.
+pub async fn docker(args: &[&str]) -> Result<Output> {
+    Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("spawning docker {args:?}"))
+}
+
+/// Runs `docker` and returns its trimmed stdout; a failure carries stderr.
+pub async fn docker_ok(args: &[&str]) -> Result<String> {
+    let out = docker(args).await?;
+    if !out.status.success() {
+        bail!(
+            "docker {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// What `docker inspect` says of one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerFacts {
+    /// Full container ID; a recreate would change it.
+    pub id: String,
+    /// `running`, `exited`, `created`, ...
+    pub status: String,
+    /// Exit code of the last run.
+    pub exit_code: i64,
+    /// Whether the kernel's OOM killer ended the last run.
+    pub oom_killed: bool,
+    /// The engine's `FinishedAt` of the last run.
+    pub finished_at: String,
+    /// The engine's `StartedAt` of the current or last run.
+    pub started_at: String,
+}
+
+/// Inspects a container; `None` when the engine has no such container.
+pub async fn inspect(name: &str) -> Result<Option<ContainerFacts>> {
+    let format = "{{.Id}}|{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.FinishedAt}}|{{.State.StartedAt}}";
+    let out = docker(&["container", "inspect", "--format", format, name]).await?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("No such") {
+            return Ok(None);
+        }
+        bail!("docker inspect {name}: {}", stderr.trim());
+    }
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let fields: Vec<&str> = line.split('|').collect();
+    let [id, status, exit_code, oom, finished_at, started_at] = fields[..] else {
+        bail!("docker inspect {name}: unexpected output {line:?}");
+    };
+    Ok(Some(ContainerFacts {
+        id: id.to_owned(),
+        status: status.to_owned(),
+        exit_code: exit_code
+            .parse()
+            .with_context(|| format!("exit code {exit_code:?}"))?,
+        oom_killed: oom == "true",
+        finished_at: finished_at.to_owned(),
+        started_at: started_at.to_owned(),
+    }))
+}
+
+/// `docker kill -s KILL`: the container dies without any chance to clean up.
+pub async fn kill(name: &str) -> Result<()> {
+    docker_ok(&["kill", "-s", "KILL", name]).await.map(drop)
+}
+
+/// A time as `docker events --since` takes it: Unix seconds with nanoseconds.
+pub fn engine_timestamp(at: SystemTime) -> String {
+    let since = at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    format!("{}.{:09}", since.as_secs(), since.subsec_nanos())
+}
+
+/// Records what the engine does to one container (by name) from the moment
+/// it is made until [`EngineEventRecorder::finish`]: a live `docker events`
+/// stream, started with `--since` a moment in the past so nothing between
+/// the call and the stream's connection is missed. Live, because the
+/// engine's replay buffer is small and shared with every other container.
+#[derive(Debug)]
+pub struct EngineEventRecorder {
+    child: Child,
+    actions: Arc<Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl EngineEventRecorder {
+    /// Starts recording the container events of `name`.
+    pub fn start(name: &str) -> Result<Self> {
+        let since = engine_timestamp(SystemTime::now() - Duration::from_millis(500));
+        let mut child = Command::new("docker")
+            .args([
+                "events",
+                "--since",
+                &since,
+                "--filter",
+                "type=container",
+                "--filter",
+                &format!("container={name}"),
+                "--format",
+                "{{.Action}}",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning docker events")?;
+        let stdout = child.stdout.take().context("docker events has no stdout")?;
+        let actions = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&actions);
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(mut actions) = sink.lock() {
+                    actions.push(line);
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            actions,
+            reader,
+        })
+    }
+
+    /// The actions seen so far (`start`, `kill`, `die`, `stop`, `exec_create: ...`).
+    pub fn actions(&self) -> Vec<String> {
+        self.actions.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// Stops recording after giving the stream a moment to deliver what the
+    /// engine already emitted, and returns every action in order.
+    pub async fn finish(mut self) -> Vec<String> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        let _ = (&mut self.reader).await;
+        self.actions()
+    }
+}
+
+/// The verb of an engine action: `exec_create: sh -c ...` is `exec_create`.
+pub fn action_verb(action: &str) -> &str {
+    action.split(':').next().unwrap_or(action).trim()
+}
+
+/// Fails when the engine created, destroyed, renamed or removed the container
+/// in this window: stopping and resuming must never rebuild.
+pub fn ensure_never_rebuilt(actions: &[String]) -> Result<()> {
+    const REBUILD: [&str; 4] = ["create", "destroy", "rename", "remove"];
+    let rebuilt: Vec<&String> = actions
+        .iter()
+        .filter(|a| REBUILD.contains(&action_verb(a)))
+        .collect();
+    if !rebuilt.is_empty() {
+        bail!("the engine rebuilt the container: {rebuilt:?} (all actions: {actions:?})");
+    }
+    Ok(())
+}
+
+/// Fails unless `verb` is among the actions.
+pub fn ensure_action(actions: &[String], verb: &str) -> Result<()> {
+    if !actions.iter().any(|a| action_verb(a) == verb) {
+        bail!("the engine never reported `{verb}`; actions: {actions:?}");
+    }
+    Ok(())
+}
+
+/// The lifecycle actions only (no `exec_*`, `attach`, ...), for messages.
+pub fn lifecycle_actions(actions: &[String]) -> Vec<&str> {
+    actions
+        .iter()
+        .map(|a| action_verb(a))
+        .filter(|v| !v.starts_with("exec_") && *v != "attach" && *v != "top")
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_drop_the_command_of_exec_events() {
+        assert_eq!(action_verb("exec_create: sh -c true"), "exec_create");
+        assert_eq!(action_verb("start"), "start");
+    }
+
+    #[test]
+    fn a_create_or_destroy_is_a_rebuild() {
+        let fine: Vec<String> = ["kill", "die", "stop", "start", "exec_start: sh -c x"]
+            .map(String::from)
+            .to_vec();
+        assert!(ensure_never_rebuilt(&fine).is_ok());
+        assert!(ensure_action(&fine, "stop").is_ok());
+        assert!(ensure_action(&fine, "create").is_err());
+        let rebuilt = vec!["die".to_owned(), "destroy".to_owned(), "create".to_owned()];
+        assert!(ensure_never_rebuilt(&rebuilt).is_err());
+        assert_eq!(lifecycle_actions(&fine), ["kill", "die", "stop", "start"]);
+    }
+
+    #[test]
+    fn engine_timestamps_carry_nanoseconds() {
+        let at = UNIX_EPOCH + Duration::new(1_700_000_000, 5);
+        assert_eq!(engine_timestamp(at), "1700000000.000000005");
+    }
+}
