@@ -1,2 +1,663 @@
-//! placeholder
-fn main() {}
+//! `dormouse-bench` (run through `scripts/bench`): resume-to-ready, graceful
+//! stop and memory of a Dormouse desktop, side by side in one run with the
+//! floor (`docker start` of a trivial container) and with the classic shell
+//! entrypoint (`tests/baseline/entrypoint.sh`) on the same image.
+//!
+//! Dormouse's readiness is the broker's: the time from `POST .../start` until
+//! `/v1/events` pushes `ready: true`. The shell's readiness is found the way
+//! frontends find it: `docker exec` polling (X answers and VNC accepts) every
+//! 50 ms and every 2000 ms. Everything it creates is removed on exit, also on
+//! Ctrl-C.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::client::{ApiClient, EventStream};
+use dormouse_e2e::engine::{self, docker_ok};
+use dormouse_e2e::guest::Guest;
+use dormouse_e2e::latency::{ms, Samples};
+use dormouse_e2e::{unique_name, ContainerGuard, TempDir, TEST_LABEL};
+use dormouse_protocol::api::CreateComputer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+/// The shell baseline, copied into a temporary file and bind-mounted.
+const BASELINE_ENTRYPOINT: &str = include_str!("../../baseline/entrypoint.sh");
+
+/// What the baseline's frontend polls: X answers and VNC accepts a connection
+/// (the same services Dormouse's `ready` covers, less the screenshot).
+const BASELINE_READY: &str = "xdpyinfo -display :1 >/dev/null 2>&1 && \
+    perl -MIO::Socket::INET -e 'exit !IO::Socket::INET->new(PeerAddr => q(127.0.0.1:5900))'";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Targets from the issue, checked and printed (never asserted).
+const TARGET_RESUME_RATIO: f64 = 0.7;
+const TARGET_OVER_FLOOR: Duration = Duration::from_millis(250);
+const TARGET_STOP_RATIO: f64 = 0.1;
+const TARGET_SUPERVISOR_RSS_KIB: u64 = 4 * 1024;
+
+#[derive(Debug, Parser)]
+#[command(about = "Dormouse resume, stop and memory beside a shell entrypoint, in one run")]
+struct Args {
+    /// Desktop image (ID or reference); default $DORMOUSE_TEST_IMAGE or dormouse/desktop:latest.
+    #[arg(long)]
+    image: Option<String>,
+    /// Resume measurements per kind (Dormouse after stop, after kill; shell with 50 ms polling; floor).
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    /// Shell resumes found by 2000 ms polling (each takes seconds).
+    #[arg(long, default_value_t = 4)]
+    slow_poll_runs: usize,
+    /// Graceful stops measured per desktop (the shell's each take the engine's full timeout).
+    #[arg(long, default_value_t = 3)]
+    stop_runs: usize,
+    /// Seconds a desktop sits idle before its memory is read.
+    #[arg(long, default_value_t = 5)]
+    idle_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("dormouse-bench: cannot watch SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Dropping `run` on a signal drops its guards: nothing is left behind.
+    tokio::select! {
+        result = run(args) => match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dormouse-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        _ = tokio::signal::ctrl_c() => { eprintln!("dormouse-bench: interrupted"); ExitCode::from(130) }
+        _ = term.recv() => { eprintln!("dormouse-bench: terminated"); ExitCode::from(143) }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug)]
+struct Row {
+    label: String,
+    samples: Samples,
+    note: String,
+}
+
+impl Row {
+    fn new(label: &str, samples: Samples, note: impl Into<String>) -> Self {
+        Self {
+            label: label.to_owned(),
+            samples,
+            note: note.into(),
+        }
+    }
+}
+
+/// Memory of one idle desktop.
+#[derive(Debug, Default, Clone, Copy)]
+struct Memory {
+    pid1_rss_kib: u64,
+    processes_rss_kib: u64,
+    cgroup_kib: Option<u64>,
+}
+
+async fn run(args: Args) -> Result<()> {
+    let image = resolve_image(args.image.as_deref()).await?;
+    eprintln!("dormouse-bench: image {image}, {} runs", args.runs);
+    let scratch = TempDir::new("dormouse-bench");
+
+    eprintln!("== floor: docker start of a trivial container");
+    let (floor_cli, floor_api) = floor(&image, args.runs).await?;
+
+    eprintln!("== dormouse");
+    let dormouse = dormouse(&image, &args).await?;
+
+    eprintln!("== shell entrypoint baseline");
+    let shell = shell(&image, &args, scratch.path()).await?;
+
+    print_report(&image, &args, &floor_cli, &floor_api, &dormouse, &shell);
+    Ok(())
+}
+
+async fn resolve_image(image: Option<&str>) -> Result<String> {
+    let image = image
+        .map(str::to_owned)
+        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
+        .unwrap_or_else(|| dormouse_e2e::DEFAULT_IMAGE.to_owned());
+    docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
+        .await
+        .with_context(|| format!("image {image} (run scripts/build-image)"))
+}
+
+/// `docker start` of the image with `sleep` as its entrypoint, through the
+/// CLI (as the issue defines the floor) and straight through the engine API
+/// (the stricter floor: no CLI process start).
+async fn floor(image: &str, runs: usize) -> Result<(Samples, Samples)> {
+    let name = unique_name("dormouse-bench-floor");
+    let _guard = ContainerGuard::new(&name);
+    docker_ok(&[
+        "create",
+        "--name",
+        &name,
+        "--label",
+        &format!("{TEST_LABEL}=1"),
+        "--network",
+        "none",
+        "--entrypoint",
+        "/bin/sleep",
+        image,
+        "infinity",
+    ])
+    .await?;
+    let mut cli = Samples::new();
+    let mut api = Samples::new();
+    for i in 0..runs * 2 {
+        let started = Instant::now();
+        if i % 2 == 0 {
+            docker_ok(&["start", &name]).await?;
+            cli.push(started.elapsed());
+        } else {
+            api.push(engine_api_start(&name).await?);
+        }
+        // `sleep` as PID 1 ignores SIGTERM: kill it rather than wait.
+        engine::kill(&name).await?;
+        wait_not_running(&name).await?;
+    }
+    Ok((cli, api))
+}
+
+/// `POST /containers/{name}/start` on the engine's unix socket; the time
+/// from connect to the answer.
+async fn engine_api_start(name: &str) -> Result<Duration> {
+    let socket = std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_owned());
+    let started = Instant::now();
+    let mut stream = tokio::net::UnixStream::connect(&socket)
+        .await
+        .with_context(|| format!("connecting to {socket}"))?;
+    let request = format!(
+        "POST /containers/{name}/start HTTP/1.1\r\nHost: docker\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let elapsed = started.elapsed();
+    let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
+    ensure!(
+        head.starts_with("HTTP/1.1 204") || head.starts_with("HTTP/1.0 204"),
+        "engine start of {name} answered {head:?}"
+    );
+    Ok(elapsed)
+}
+
+async fn wait_not_running(name: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let facts = engine::inspect(name).await?.context("container vanished")?;
+        if facts.status != "running" {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{name} does not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[derive(Debug, Default)]
+struct DesktopNumbers {
+    resume_after_stop: Samples,
+    resume_after_kill: Samples,
+    slow_poll_resume: Samples,
+    graceful_stop: Samples,
+    api_stop: Samples,
+    exit_codes: BTreeMap<i64, usize>,
+    first_ready: Option<Duration>,
+    memory: Memory,
+    notes: Vec<String>,
+}
+
+async fn dormouse(image: &str, args: &Args) -> Result<DesktopNumbers> {
+    let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
+    let api = broker.client();
+    let mut events = api.events().await?;
+    let mut numbers = DesktopNumbers::default();
+    let started = Instant::now();
+    let created = api
+        .create(&CreateComputer {
+            name: Some("bench".into()),
+            ..CreateComputer::default()
+        })
+        .await?;
+    let id = created.id;
+    api.wait_ready(&mut events, id, READY_TIMEOUT).await?;
+    numbers.first_ready = Some(started.elapsed());
+    let guest = Guest::for_computer(id);
+
+    tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+    numbers.memory = memory(guest.container()).await?;
+
+    let mut polled = 0;
+    for _ in 0..args.runs {
+        api.stop(id).await?;
+        api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+        let (took, pushed) = resume(&api, &mut events, id).await?;
+        polled += usize::from(!pushed);
+        numbers.resume_after_stop.push(took);
+    }
+    for _ in 0..args.runs {
+        engine::kill(guest.container()).await?;
+        api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+        let (took, pushed) = resume(&api, &mut events, id).await?;
+        polled += usize::from(!pushed);
+        numbers.resume_after_kill.push(took);
+    }
+    for _ in 0..args.stop_runs {
+        // The engine's own graceful stop (SIGTERM to the supervisor).
+        let (took, code) = docker_stop(guest.container()).await?;
+        numbers.graceful_stop.push(took);
+        *numbers.exit_codes.entry(code).or_default() += 1;
+        api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+        resume(&api, &mut events, id).await?;
+        // The broker's stop: quiesce through the supervisor, then the engine.
+        let asked = Instant::now();
+        api.stop(id).await?;
+        let seen = api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+        numbers.api_stop.push(seen.at.duration_since(asked));
+        resume(&api, &mut events, id).await?;
+    }
+    if polled > 0 {
+        numbers.notes.push(format!(
+            "{polled} Dormouse readiness values came from the fallback GET, not the push"
+        ));
+    }
+    Ok(numbers)
+}
+
+/// `POST start` → `ready: true` pushed by the broker; (time, pushed?).
+async fn resume(api: &ApiClient, events: &mut EventStream, id: Uuid) -> Result<(Duration, bool)> {
+    let asked = Instant::now();
+    api.start(id).await?;
+    let seen = api.wait_ready(events, id, READY_TIMEOUT).await?;
+    Ok((seen.at.duration_since(asked), seen.pushed))
+}
+
+/// `docker stop` with the engine's default timeout: (time, exit code).
+async fn docker_stop(name: &str) -> Result<(Duration, i64)> {
+    let started = Instant::now();
+    docker_ok(&["stop", name]).await?;
+    let took = started.elapsed();
+    let facts = engine::inspect(name).await?.context("container vanished")?;
+    Ok((took, facts.exit_code))
+}
+
+async fn shell(image: &str, args: &Args, scratch: &Path) -> Result<DesktopNumbers> {
+    let script = scratch.join("entrypoint.sh");
+    std::fs::write(&script, BASELINE_ENTRYPOINT)?;
+    let name = unique_name("dormouse-bench-shell");
+    let _guard = ContainerGuard::new(&name);
+    docker_ok(&[
+        "create",
+        "--name",
+        &name,
+        "--label",
+        &format!("{TEST_LABEL}=1"),
+        "--network",
+        "none",
+        "-v",
+        &format!("{}:/dormouse-baseline.sh:ro", script.display()),
+        "--entrypoint",
+        "/bin/bash",
+        image,
+        "/dormouse-baseline.sh",
+    ])
+    .await?;
+    let guest = Guest::named(&name);
+    let mut numbers = DesktopNumbers {
+        first_ready: Some(start_and_poll(&guest, Duration::from_millis(50)).await?),
+        ..DesktopNumbers::default()
+    };
+
+    tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+    numbers.memory = memory(&name).await?;
+
+    for _ in 0..args.stop_runs {
+        let (took, code) = docker_stop(&name).await?;
+        numbers.graceful_stop.push(took);
+        *numbers.exit_codes.entry(code).or_default() += 1;
+        numbers
+            .resume_after_stop
+            .push(start_and_poll(&guest, Duration::from_millis(50)).await?);
+    }
+    for _ in 0..args.runs {
+        engine::kill(&name).await?;
+        wait_not_running(&name).await?;
+        numbers
+            .resume_after_kill
+            .push(start_and_poll(&guest, Duration::from_millis(50)).await?);
+    }
+    for _ in 0..args.slow_poll_runs {
+        engine::kill(&name).await?;
+        wait_not_running(&name).await?;
+        numbers
+            .slow_poll_resume
+            .push(start_and_poll(&guest, Duration::from_millis(2000)).await?);
+    }
+    Ok(numbers)
+}
+
+/// `docker start`, then `docker exec` of [`BASELINE_READY`] every `every`
+/// until it succeeds; the time from the start command to that success.
+async fn start_and_poll(guest: &Guest, every: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    docker_ok(&["start", guest.container()]).await?;
+    loop {
+        let out = engine::docker(&[
+            "exec",
+            "-u",
+            "1000:1000",
+            guest.container(),
+            "sh",
+            "-c",
+            BASELINE_READY,
+        ])
+        .await?;
+        if out.status.success() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            bail!(
+                "the shell baseline was not ready after {READY_TIMEOUT:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// PID 1's VmRSS, the sum of the RSS of every process (from the host, so no
+/// exec process is counted) and the engine's memory figure (usage without
+/// page cache, as `docker stats` shows it).
+async fn memory(name: &str) -> Result<Memory> {
+    let status = engine::docker(&["exec", name, "cat", "/proc/1/status"]).await?;
+    let status = String::from_utf8_lossy(&status.stdout);
+    let pid1_rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS for PID 1")?;
+    let top = docker_ok(&["top", name, "-o", "pid,rss"]).await?;
+    let processes_rss_kib = top
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    let stats = docker_ok(&["stats", "--no-stream", "--format", "{{.MemUsage}}", name]).await?;
+    let cgroup_kib = stats.split('/').next().and_then(parse_size_kib);
+    Ok(Memory {
+        pid1_rss_kib,
+        processes_rss_kib,
+        cgroup_kib,
+    })
+}
+
+/// `123.4MiB` → KiB.
+fn parse_size_kib(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match unit {
+        "B" => 1.0 / 1024.0,
+        "KiB" | "kB" => 1.0,
+        "MiB" | "MB" => 1024.0,
+        "GiB" | "GB" => 1024.0 * 1024.0,
+        _ => return None,
+    };
+    // Rounded KiB of a non-negative figure: the cast cannot go wrong.
+    Some((number * factor).round() as u64)
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn ratio(a: Option<Duration>, b: Option<Duration>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if !b.is_zero() => Some(a.as_secs_f64() / b.as_secs_f64()),
+        _ => None,
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn codes(map: &BTreeMap<i64, usize>) -> String {
+    map.iter()
+        .map(|(code, n)| format!("{code}×{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn print_report(
+    image: &str,
+    args: &Args,
+    floor_cli: &Samples,
+    floor_api: &Samples,
+    d: &DesktopNumbers,
+    s: &DesktopNumbers,
+) {
+    let rows = [
+        Row::new(
+            "floor: docker start (CLI), trivial container",
+            floor_cli.clone(),
+            "",
+        ),
+        Row::new(
+            "floor: engine API start, trivial container",
+            floor_api.clone(),
+            "",
+        ),
+        Row::new(
+            "dormouse: resume after stop -> ready (pushed)",
+            d.resume_after_stop.clone(),
+            "",
+        ),
+        Row::new(
+            "dormouse: resume after kill -> ready (pushed)",
+            d.resume_after_kill.clone(),
+            "",
+        ),
+        Row::new(
+            "shell: start after stop -> ready (50 ms poll)",
+            s.resume_after_stop.clone(),
+            "",
+        ),
+        Row::new(
+            "shell: start after kill -> ready (50 ms poll)",
+            s.resume_after_kill.clone(),
+            "",
+        ),
+        Row::new(
+            "shell: start after kill -> ready (2000 ms poll)",
+            s.slow_poll_resume.clone(),
+            "",
+        ),
+        Row::new(
+            "dormouse: graceful stop (docker stop)",
+            d.graceful_stop.clone(),
+            format!("exit {}", codes(&d.exit_codes)),
+        ),
+        Row::new(
+            "dormouse: stop through the API (quiesce + stop)",
+            d.api_stop.clone(),
+            "",
+        ),
+        Row::new(
+            "shell: graceful stop (docker stop)",
+            s.graceful_stop.clone(),
+            format!("exit {}", codes(&s.exit_codes)),
+        ),
+    ];
+    println!();
+    println!("dormouse bench: image {image}");
+    println!(
+        "runs: {} resumes per kind, {} slow-poll, {} stops; times in ms",
+        args.runs, args.slow_poll_runs, args.stop_runs
+    );
+    println!();
+    println!(
+        "{:<50} {:>4} {:>7} {:>7} {:>7} {:>7}  note",
+        "measurement", "n", "min", "p50", "p95", "max"
+    );
+    for row in &rows {
+        println!(
+            "{:<50} {:>4} {:>7} {:>7} {:>7} {:>7}  {}",
+            row.label,
+            row.samples.len(),
+            ms(row.samples.min()),
+            ms(row.samples.p50()),
+            ms(row.samples.p95()),
+            ms(row.samples.max()),
+            row.note
+        );
+    }
+    println!();
+    println!(
+        "{:<50} {:>14} {:>14}",
+        "memory at idle", "dormouse", "shell"
+    );
+    println!(
+        "{:<50} {:>14} {:>14}",
+        "PID 1 RSS (supervisor / sleep)",
+        mib(d.memory.pid1_rss_kib),
+        mib(s.memory.pid1_rss_kib)
+    );
+    println!(
+        "{:<50} {:>14} {:>14}",
+        "desktop, sum of process RSS",
+        mib(d.memory.processes_rss_kib),
+        mib(s.memory.processes_rss_kib)
+    );
+    println!(
+        "{:<50} {:>14} {:>14}",
+        "desktop, engine memory usage (docker stats)",
+        d.memory.cgroup_kib.map(mib).unwrap_or_else(|| "-".into()),
+        s.memory.cgroup_kib.map(mib).unwrap_or_else(|| "-".into())
+    );
+    println!(
+        "{:<50} {:>14} {:>14}",
+        "first start -> ready (cold)",
+        format!("{} ms", ms(d.first_ready)),
+        format!("{} ms", ms(s.first_ready))
+    );
+    println!();
+    println!("ratios (dormouse / shell) and targets");
+    for (label, dormouse_p50, shell_fast) in [
+        (
+            "resume after stop",
+            d.resume_after_stop.p50(),
+            s.resume_after_stop.p50(),
+        ),
+        (
+            "resume after kill",
+            d.resume_after_kill.p50(),
+            s.resume_after_kill.p50(),
+        ),
+    ] {
+        match ratio(dormouse_p50, shell_fast) {
+            Some(r) => println!(
+                "  {label}: p50 {} ms / shell 50 ms-poll p50 {} ms = {r:.2} (target <= {TARGET_RESUME_RATIO}): {}",
+                ms(dormouse_p50),
+                ms(shell_fast),
+                verdict(r <= TARGET_RESUME_RATIO)
+            ),
+            None => println!("  {label}: no ratio (missing samples)"),
+        }
+        for (floor_label, floor) in [
+            ("CLI floor", floor_cli.p50()),
+            ("engine API floor", floor_api.p50()),
+        ] {
+            if let (Some(p50), Some(floor)) = (dormouse_p50, floor) {
+                let over = p50.saturating_sub(floor);
+                println!(
+                    "  {label}: p50 {} ms = {floor_label} {} ms + {} ms (target <= +{} ms): {}",
+                    p50.as_millis(),
+                    floor.as_millis(),
+                    over.as_millis(),
+                    TARGET_OVER_FLOOR.as_millis(),
+                    verdict(over <= TARGET_OVER_FLOOR)
+                );
+            }
+        }
+    }
+    if let Some(r) = ratio(d.resume_after_kill.p50(), s.slow_poll_resume.p50()) {
+        println!("  resume after kill vs the shell with 2000 ms polling: {r:.2}");
+    }
+    match ratio(d.graceful_stop.p50(), s.graceful_stop.p50()) {
+        Some(r) => println!(
+            "  graceful stop: p50 {} ms / {} ms = {r:.3} (target <= {TARGET_STOP_RATIO}): {}",
+            ms(d.graceful_stop.p50()),
+            ms(s.graceful_stop.p50()),
+            verdict(r <= TARGET_STOP_RATIO)
+        ),
+        None => println!("  graceful stop: no ratio (missing samples)"),
+    }
+    println!(
+        "  supervisor RSS: {} (target <= 4 MiB): {}",
+        mib(d.memory.pid1_rss_kib),
+        verdict(d.memory.pid1_rss_kib <= TARGET_SUPERVISOR_RSS_KIB)
+    );
+    if let (Some(dm), Some(sm)) = (d.memory.cgroup_kib, s.memory.cgroup_kib) {
+        if sm > 0 {
+            println!(
+                "  desktop memory at idle (engine figure): {:.2}",
+                dm as f64 / sm as f64
+            );
+        }
+    }
+    for note in d.notes.iter().chain(&s.notes) {
+        println!("  note: {note}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docker_stats_sizes_parse() {
+        assert_eq!(parse_size_kib("123.5MiB"), Some(126_464));
+        assert_eq!(parse_size_kib(" 2GiB "), Some(2 * 1024 * 1024));
+        assert_eq!(parse_size_kib("512KiB"), Some(512));
+        assert_eq!(parse_size_kib("lots"), None);
+    }
+
+    #[test]
+    fn ratios_need_both_sides() {
+        let a = Some(Duration::from_millis(300));
+        let b = Some(Duration::from_millis(1200));
+        assert_eq!(ratio(a, b), Some(0.25));
+        assert_eq!(ratio(a, None), None);
+        assert_eq!(ratio(a, Some(Duration::ZERO)), None);
+    }
+}

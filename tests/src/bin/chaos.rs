@@ -1,2 +1,664 @@
-//! placeholder
-fn main() {}
+//! `dormouse-chaos` (run through `scripts/chaos`): kills a desktop at random
+//! moments (while it boots, prepares, starts its services and probes, when
+//! it is ready, and during a graceful stop), sometimes kills the broker too,
+//! resumes through the API every time and checks that the desktop becomes
+//! ready and that every file written and fsynced before a kill is intact.
+//!
+//! Prints one summary line on stdout:
+//! `cycles=N failures=F lost_files=L resume_p50_ms=… resume_p95_ms=… resume_max_ms=…`
+//! and exits non-zero on any failure. Progress goes to stderr. Everything it
+//! creates (broker, container, data directory) is removed on exit, also on
+//! Ctrl-C or SIGTERM.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::client::{ApiClient, ClientError, EventStream};
+use dormouse_e2e::engine::{self, EngineEventRecorder};
+use dormouse_e2e::guest::{Guest, GuestUser};
+use dormouse_e2e::latency::{ms, Samples};
+use dormouse_protocol::api::{
+    BrokerEvent, ComputerStatus, ContainerState, CreateComputer, StopReason,
+};
+use dormouse_protocol::guest::Phase;
+use nix::sys::signal::Signal;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use reqwest::StatusCode;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+const STOPPED_TIMEOUT: Duration = Duration::from_secs(60);
+/// Where guest-written files go (the container's own layer).
+const GUEST_DIR: &str = "/home/desk/chaos";
+
+#[derive(Debug, Parser)]
+#[command(about = "Kill Dormouse desktops at random moments and check every resume")]
+struct Args {
+    /// Kill-and-resume cycles.
+    #[arg(long, default_value_t = 10)]
+    cycles: usize,
+    /// Seed of the random choices; a run is repeatable by its seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Desktop image; default $DORMOUSE_TEST_IMAGE or dormouse/desktop:latest.
+    #[arg(long)]
+    image: Option<String>,
+    /// Percent of cycles in which the broker is killed (SIGKILL) too.
+    #[arg(long, default_value_t = 25)]
+    broker_kill_percent: u32,
+}
+
+/// When in a desktop's life the kill lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Moment {
+    /// Right after the engine started the container.
+    Boot,
+    /// While the supervisor prepares the home, profiles and locks.
+    Prepare,
+    /// While services start and the self-probe runs.
+    Probe,
+    /// Once it is ready.
+    Ready,
+    /// During a graceful stop through the broker.
+    Stop,
+}
+
+const MOMENTS: [Moment; 5] = [
+    Moment::Boot,
+    Moment::Prepare,
+    Moment::Probe,
+    Moment::Ready,
+    Moment::Stop,
+];
+
+impl fmt::Display for Moment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Boot => "boot",
+            Self::Prepare => "prepare",
+            Self::Probe => "probe",
+            Self::Ready => "ready",
+            Self::Stop => "stop",
+        })
+    }
+}
+
+/// Whether, and when, the broker dies in a cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BrokerKill {
+    Spared,
+    /// Killed just before the container: it must learn of the kill by
+    /// reconciling after its restart.
+    Before,
+    /// Killed just after the container.
+    After,
+}
+
+impl fmt::Display for BrokerKill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Spared => "spared",
+            Self::Before => "killed-before",
+            Self::After => "killed-after",
+        })
+    }
+}
+
+/// A file written and fsynced before a kill, and what it must hold.
+#[derive(Debug, Clone)]
+struct Written {
+    /// Guest path, or host path when `on_host`.
+    path: PathBuf,
+    contents: String,
+    on_host: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("dormouse-chaos: cannot watch SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Dropping `run` on a signal drops the broker fixture, which removes the
+    // container and the data directory.
+    tokio::select! {
+        code = run(args) => code,
+        _ = tokio::signal::ctrl_c() => { eprintln!("dormouse-chaos: interrupted"); ExitCode::from(130) }
+        _ = term.recv() => { eprintln!("dormouse-chaos: terminated"); ExitCode::from(143) }
+    }
+}
+
+async fn run(args: Args) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    });
+    eprintln!("dormouse-chaos: {} cycles, seed {seed}", args.cycles);
+    let mut chaos = match Chaos::set_up(&args, seed).await {
+        Ok(chaos) => chaos,
+        Err(e) => {
+            eprintln!("dormouse-chaos: setting up failed: {e:#}");
+            println!(
+                "cycles=0 failures=1 lost_files=0 resume_p50_ms=- resume_p95_ms=- resume_max_ms=-"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = chaos.run(args.cycles).await;
+    chaos.finish(outcome).await
+}
+
+struct Chaos {
+    broker: BrokerProcess,
+    api: ApiClient,
+    events: EventStream,
+    id: Uuid,
+    guest: Guest,
+    container_id: String,
+    recorder: Option<EngineEventRecorder>,
+    rng: StdRng,
+    broker_kill_percent: u32,
+    files: Vec<Written>,
+    resumes: Samples,
+    failures: usize,
+    lost_files: usize,
+    cycles_done: usize,
+    /// Guest phase seen when each kill landed, per intended moment.
+    phases_at_kill: BTreeMap<(Moment, String), usize>,
+}
+
+impl Chaos {
+    async fn set_up(args: &Args, seed: u64) -> Result<Self> {
+        let image = resolve_image(args.image.as_deref()).await?;
+        let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+        let api = broker.client();
+        let mut events = api.events().await?;
+        let created = api
+            .create(&CreateComputer {
+                name: Some("chaos".into()),
+                ..CreateComputer::default()
+            })
+            .await?;
+        let id = created.id;
+        api.wait_ready(&mut events, id, READY_TIMEOUT)
+            .await
+            .with_context(|| format!("first start; broker log:\n{}", broker.log_tail(3000)))?;
+        let guest = Guest::for_computer(id);
+        let container_id = engine::inspect(guest.container())
+            .await?
+            .context("the new desktop has no container")?
+            .id;
+        let recorder = Some(EngineEventRecorder::start(guest.container())?);
+        guest
+            .sh_ok(GuestUser::Desk, &format!("mkdir -p {GUEST_DIR}"))
+            .await?;
+        eprintln!("dormouse-chaos: computer {id}, image {image}");
+        Ok(Self {
+            broker,
+            api,
+            events,
+            id,
+            guest,
+            container_id,
+            recorder,
+            rng: StdRng::seed_from_u64(seed),
+            broker_kill_percent: args.broker_kill_percent,
+            files: Vec::new(),
+            resumes: Samples::new(),
+            failures: 0,
+            lost_files: 0,
+            cycles_done: 0,
+            phases_at_kill: BTreeMap::new(),
+        })
+    }
+
+    async fn run(&mut self, cycles: usize) -> Result<()> {
+        let mut plan = Vec::new();
+        while plan.len() < cycles {
+            // Every moment equally often: shuffled blocks of all five.
+            let mut block = MOMENTS.to_vec();
+            block.shuffle(&mut self.rng);
+            plan.extend(block);
+        }
+        plan.truncate(cycles);
+        for (n, moment) in plan.into_iter().enumerate() {
+            let broker_kill = if self.rng.gen_range(0..100) < self.broker_kill_percent {
+                if self.rng.gen_bool(0.5) {
+                    BrokerKill::Before
+                } else {
+                    BrokerKill::After
+                }
+            } else {
+                BrokerKill::Spared
+            };
+            let started = Instant::now();
+            let result = self.cycle(n + 1, moment, broker_kill).await;
+            self.cycles_done += 1;
+            match result {
+                Ok(line) => eprintln!(
+                    "cycle {}/{cycles} moment={moment} broker={broker_kill} {line} ({} ms)",
+                    n + 1,
+                    started.elapsed().as_millis()
+                ),
+                Err(e) => {
+                    self.failures += 1;
+                    eprintln!(
+                        "cycle {}/{cycles} moment={moment} broker={broker_kill} FAILED: {e:#}",
+                        n + 1
+                    );
+                    if let Err(e) = self.recover().await {
+                        eprintln!(
+                            "dormouse-chaos: cannot bring the desktop back, giving up: {e:#}"
+                        );
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One kill and resume; returns a line for the log.
+    async fn cycle(&mut self, n: usize, moment: Moment, broker_kill: BrokerKill) -> Result<String> {
+        self.write_files(n).await?;
+        let seen_phase = match moment {
+            Moment::Boot | Moment::Prepare | Moment::Probe => {
+                self.stop_through_api().await?;
+                let asked = Instant::now();
+                self.start_through_api().await?;
+                let phase = self.wait_for_moment(moment, asked).await;
+                self.kill(broker_kill).await?;
+                phase
+            }
+            Moment::Ready => {
+                let delay = self.rng.gen_range(0..500);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                self.kill(broker_kill).await?;
+                "ready".to_owned()
+            }
+            Moment::Stop => {
+                let api = self.api.clone();
+                let id = self.id;
+                let stopping = tokio::spawn(async move { api.stop(id).await });
+                let delay = self.rng.gen_range(0..400);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let phase = self.last_phase().await;
+                self.kill(broker_kill).await?;
+                // The stop may fail (the container died under it, or the
+                // broker did); only the resume that follows must succeed.
+                let _ = stopping.await;
+                phase
+            }
+        };
+        *self
+            .phases_at_kill
+            .entry((moment, seen_phase.clone()))
+            .or_default() += 1;
+
+        let stopped = self
+            .api
+            .wait_stopped(&mut self.events, self.id, STOPPED_TIMEOUT)
+            .await
+            .context("the broker never reported the killed container stopped")?
+            .status;
+        check_reason(moment, &stopped)?;
+
+        let took = self.resume().await?;
+        self.resumes.push(took);
+        self.verify_files().await?;
+        let now = engine::inspect(self.guest.container())
+            .await?
+            .context("the container is gone")?;
+        ensure!(
+            now.id == self.container_id,
+            "the container was replaced: {} is now {}",
+            self.container_id,
+            now.id
+        );
+        Ok(format!(
+            "phase_at_kill={seen_phase} reason={} resume_ms={} files={} ok",
+            stopped
+                .stop_reason
+                .map(|r| format!("{r:?}").to_lowercase())
+                .unwrap_or_else(|| "null".into()),
+            took.as_millis(),
+            self.files.len()
+        ))
+    }
+
+    /// Writes one file from inside the guest and one into the workspace on
+    /// the host, both fsynced, and remembers them.
+    async fn write_files(&mut self, n: usize) -> Result<()> {
+        let token = Uuid::new_v4().simple().to_string();
+        let guest_path = format!("{GUEST_DIR}/cycle-{n}");
+        self.guest
+            .write_synced(GuestUser::Desk, &guest_path, &token)
+            .await
+            .context("writing a file in the guest")?;
+        self.files.push(Written {
+            path: guest_path.into(),
+            contents: token.clone(),
+            on_host: false,
+        });
+        let dir = self.broker.workspace(self.id).join("chaos");
+        let host_path = dir.join(format!("cycle-{n}"));
+        write_synced_on_host(&dir, &host_path, &token)?;
+        self.files.push(Written {
+            path: host_path,
+            contents: token,
+            on_host: true,
+        });
+        Ok(())
+    }
+
+    async fn verify_files(&mut self) -> Result<()> {
+        let listing = self
+            .guest
+            .sh_ok(
+                GuestUser::Desk,
+                &format!(
+                    "cd {GUEST_DIR} && for f in *; do [ -f \"$f\" ] && printf '%s %s\\n' \"$f\" \"$(cat \"$f\")\"; done; true"
+                ),
+            )
+            .await
+            .context("listing the guest's files")?;
+        let in_guest: BTreeMap<&str, &str> =
+            listing.lines().filter_map(|l| l.split_once(' ')).collect();
+        let mut lost = Vec::new();
+        self.files.retain(|file| {
+            let found = if file.on_host {
+                std::fs::read_to_string(&file.path).ok()
+            } else {
+                let name = file.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                in_guest.get(name).map(|c| (*c).to_owned())
+            };
+            let intact = found.as_deref() == Some(file.contents.as_str());
+            if !intact {
+                lost.push(format!(
+                    "{} ({})",
+                    file.path.display(),
+                    if file.on_host { "host" } else { "guest" }
+                ));
+            }
+            // A lost file is counted once, then forgotten.
+            intact
+        });
+        if !lost.is_empty() {
+            self.lost_files += lost.len();
+            bail!("files lost: {}", lost.join(", "));
+        }
+        Ok(())
+    }
+
+    async fn stop_through_api(&mut self) -> Result<()> {
+        self.api.stop(self.id).await?;
+        self.api
+            .wait_stopped(&mut self.events, self.id, STOPPED_TIMEOUT)
+            .await?;
+        Ok(())
+    }
+
+    /// `POST start`, retried while the broker still settles the last stop
+    /// (409 for a short while is fair; forever is not).
+    async fn start_through_api(&mut self) -> Result<ComputerStatus> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match self.api.start(self.id).await {
+                Ok(status) => return Ok(status),
+                Err(e @ ClientError::Api { .. })
+                    if e.status() == Some(StatusCode::CONFLICT) && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// POST start → ready pushed; the resume latency.
+    async fn resume(&mut self) -> Result<Duration> {
+        let asked = Instant::now();
+        self.start_through_api().await?;
+        let seen = self
+            .api
+            .wait_ready(&mut self.events, self.id, READY_TIMEOUT)
+            .await
+            .with_context(|| format!("resume; broker log:\n{}", self.broker.log_tail(2000)))?;
+        Ok(seen.at.duration_since(asked))
+    }
+
+    /// Waits until the guest reaches `moment` as far as the broker's pushes
+    /// tell, or a random delay runs out; returns the phase seen last.
+    async fn wait_for_moment(&mut self, moment: Moment, asked: Instant) -> String {
+        let (target, max_delay_ms) = match moment {
+            Moment::Boot => (None, self.rng.gen_range(0..30)),
+            Moment::Prepare => (Some(1), self.rng.gen_range(10..200)),
+            _ => (Some(2), self.rng.gen_range(50..1500)),
+        };
+        let extra = Duration::from_millis(self.rng.gen_range(0..100));
+        let deadline = asked + Duration::from_millis(max_delay_ms);
+        let mut last = "container-started".to_owned();
+        let Some(target) = target else {
+            tokio::time::sleep_until(deadline).await;
+            return last;
+        };
+        loop {
+            tokio::select! {
+                event = self.events.next_event(), if self.events.is_open() => match event {
+                    Ok(BrokerEvent::Status { computer }) if computer.id == self.id => {
+                        last = describe(&computer);
+                        if phase_rank(&computer) >= target {
+                            if moment == Moment::Probe {
+                                tokio::time::sleep(extra.min(deadline.saturating_duration_since(Instant::now()))).await;
+                            }
+                            return last;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => self.events.close(),
+                },
+                _ = tokio::time::sleep_until(deadline) => return last,
+            }
+        }
+    }
+
+    async fn last_phase(&mut self) -> String {
+        match self.api.get(self.id).await {
+            Ok(status) => describe(&status),
+            Err(_) => "unknown".into(),
+        }
+    }
+
+    /// Kills the container, and the broker before or after it as planned
+    /// (then starts the broker again on the same data directory).
+    async fn kill(&mut self, broker_kill: BrokerKill) -> Result<()> {
+        if broker_kill == BrokerKill::Before {
+            self.broker.kill(Signal::SIGKILL).await?;
+        }
+        if let Err(e) = engine::kill(self.guest.container()).await {
+            // A stop that already finished leaves nothing to kill.
+            if !format!("{e:#}").contains("is not running") {
+                return Err(e);
+            }
+        }
+        if broker_kill == BrokerKill::After {
+            self.broker.kill(Signal::SIGKILL).await?;
+        }
+        if broker_kill != BrokerKill::Spared {
+            self.broker.start_again().await?;
+            self.api = self.broker.client();
+            self.events = self.api.events().await?;
+        }
+        Ok(())
+    }
+
+    /// After a failed cycle: a running broker and a ready desktop again.
+    async fn recover(&mut self) -> Result<()> {
+        if self.broker.pid().is_none() || !self.api.healthy().await {
+            self.broker.restart().await?;
+        }
+        self.api = self.broker.client();
+        self.events = self.api.events().await?;
+        let status = self.api.get(self.id).await?;
+        if status.container != ContainerState::Running {
+            self.start_through_api().await?;
+        }
+        self.api
+            .wait_ready(&mut self.events, self.id, READY_TIMEOUT)
+            .await?;
+        Ok(())
+    }
+
+    async fn finish(mut self, outcome: Result<()>) -> ExitCode {
+        if outcome.is_err() {
+            // The cycles that never ran count as failed.
+            self.failures += 1;
+        }
+        if let Some(recorder) = self.recorder.take() {
+            let actions = recorder.finish().await;
+            if let Err(e) = engine::ensure_never_rebuilt(&actions) {
+                self.failures += 1;
+                eprintln!("dormouse-chaos: {e:#}");
+            }
+        }
+        eprintln!("dormouse-chaos: guest phase seen when the kill landed, per intended moment:");
+        for ((moment, phase), count) in &self.phases_at_kill {
+            eprintln!("  {moment:<8} {phase:<22} {count}");
+        }
+        if self.failures > 0 {
+            eprintln!(
+                "dormouse-chaos: broker log tail:\n{}",
+                self.broker.log_tail(4000)
+            );
+        }
+        println!(
+            "cycles={} failures={} lost_files={} resume_p50_ms={} resume_p95_ms={} resume_max_ms={}",
+            self.cycles_done,
+            self.failures,
+            self.lost_files,
+            ms(self.resumes.p50()),
+            ms(self.resumes.p95()),
+            ms(self.resumes.max())
+        );
+        let _ = std::io::stdout().flush();
+        if self.failures == 0 && self.lost_files == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The reason a killed desktop shows must be one the broker can stand by:
+/// never `idle`, and `manual` only when a manual stop was under way.
+fn check_reason(moment: Moment, status: &ComputerStatus) -> Result<()> {
+    let fine = match status.stop_reason {
+        None | Some(StopReason::Killed) => true,
+        Some(StopReason::Manual) => moment == Moment::Stop,
+        Some(_) => false,
+    };
+    ensure!(
+        fine,
+        "a kill at {moment} shows stop_reason {:?}: {status:?}",
+        status.stop_reason
+    );
+    ensure!(
+        status.resumable,
+        "a killed desktop must be resumable: {:?}",
+        status.resumable_problem
+    );
+    Ok(())
+}
+
+fn phase_rank(status: &ComputerStatus) -> u8 {
+    if status.ready {
+        return 3;
+    }
+    match status.phase {
+        None => 0,
+        Some(Phase::Preparing) => 1,
+        Some(Phase::Starting) => 2,
+        Some(Phase::Ready | Phase::Degraded) => 3,
+        Some(Phase::Stopping) => 4,
+    }
+}
+
+fn describe(status: &ComputerStatus) -> String {
+    match (status.container, status.phase) {
+        (ContainerState::Running, Some(phase)) => format!("{phase:?}").to_lowercase(),
+        (ContainerState::Running, None) => "container-started".into(),
+        (state, _) => format!("container-{state:?}").to_lowercase(),
+    }
+}
+
+/// Writes `contents` to `path` on the host (temp file, fsync, rename, fsync
+/// the directory) owned by the desktop user, as a host-side tool would.
+fn write_synced_on_host(dir: &Path, path: &Path, contents: &str) -> Result<()> {
+    use std::fs::{self, File};
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    let mut file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()?;
+    let desk = Some(nix::unistd::Uid::from_raw(1000));
+    let desk_group = Some(nix::unistd::Gid::from_raw(1000));
+    nix::unistd::chown(dir, desk, desk_group).context("chown to the desktop user")?;
+    nix::unistd::chown(path, desk, desk_group).context("chown to the desktop user")?;
+    Ok(())
+}
+
+async fn resolve_image(image: Option<&str>) -> Result<String> {
+    let image = image
+        .map(str::to_owned)
+        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
+        .unwrap_or_else(|| dormouse_e2e::DEFAULT_IMAGE.to_owned());
+    engine::docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
+        .await
+        .with_context(|| format!("image {image} (run scripts/build-image)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kill_never_shows_idle_and_shows_manual_only_mid_stop() {
+        let mut status: ComputerStatus = serde_json::from_value(serde_json::json!({
+            "id": Uuid::nil(), "name": "x", "owner": "o", "container": "stopped",
+            "ready": false, "phase": null, "problem": null, "stop_reason": null,
+            "stopped_at": null, "resumable": true, "resumable_problem": null,
+            "generation": 1, "health": null, "image_id": "sha256:x", "idle": null
+        }))
+        .expect("a status");
+        assert!(check_reason(Moment::Ready, &status).is_ok());
+        status.stop_reason = Some(StopReason::Killed);
+        assert!(check_reason(Moment::Boot, &status).is_ok());
+        status.stop_reason = Some(StopReason::Manual);
+        assert!(check_reason(Moment::Ready, &status).is_err());
+        assert!(check_reason(Moment::Stop, &status).is_ok());
+        status.stop_reason = Some(StopReason::Idle);
+        assert!(check_reason(Moment::Stop, &status).is_err());
+        status.stop_reason = None;
+        status.resumable = false;
+        assert!(check_reason(Moment::Ready, &status).is_err());
+    }
+}
