@@ -53,6 +53,9 @@ const WM_SERVICE_NAMES: &[&str] = &["openbox", "wm", "window_manager", "window-m
 const RETRY_FIRST: Duration = Duration::from_millis(25);
 /// Longest wait between retries of a failing probe.
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Longest wait between retries of a degraded probe when periodic
+/// re-probing is off.
+const DEGRADED_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Runs every check once and builds the report. `services` is the service
 /// table when the caller knows it (empty from the `probe` subcommand).
@@ -101,7 +104,8 @@ pub async fn probe_with(
 /// Probes whenever the service set changes and every service runs, and
 /// writes each report with the epoch it was made against. A failing probe is
 /// retried after a short, doubling delay (at most [`RETRY_MAX`]) or at once
-/// when the services change; a passing one is repeated every
+/// when the services change; a degraded one likewise, with the delay growing
+/// up to the regular interval; a passing one is repeated every
 /// `config.reprobe_interval_ms`. Returns when the status cell is gone.
 pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
     let mut rx = cell.subscribe();
@@ -124,7 +128,7 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
         }
         let started = Instant::now();
         let report = probe_with(&config, &status.services, Some(cell.identity())).await;
-        let passed = report.overall != CheckStatus::Fail;
+        let overall = report.overall;
         tracing::info!(
             epoch,
             overall = ?report.overall,
@@ -133,14 +137,26 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
             "self-probe"
         );
         cell.set_health(epoch, report);
-        let next = if passed {
-            retry = RETRY_FIRST;
-            (config.reprobe_interval_ms > 0)
-                .then(|| Duration::from_millis(config.reprobe_interval_ms))
-        } else {
-            let wait = retry;
-            retry = (retry * 2).min(RETRY_MAX);
-            Some(wait)
+        let interval = (config.reprobe_interval_ms > 0)
+            .then(|| Duration::from_millis(config.reprobe_interval_ms));
+        let next = match overall {
+            CheckStatus::Ok => {
+                retry = RETRY_FIRST;
+                interval
+            }
+            // Usable, but often only for a moment (a window manager that
+            // has not announced itself yet): look again soon, then ever
+            // less often, up to the regular interval.
+            CheckStatus::Degraded => {
+                let wait = retry;
+                retry = (retry * 2).min(interval.unwrap_or(DEGRADED_RETRY_MAX));
+                Some(wait)
+            }
+            CheckStatus::Fail => {
+                let wait = retry.min(RETRY_MAX);
+                retry = (retry * 2).min(RETRY_MAX);
+                Some(wait)
+            }
         };
         if !wait_for_reprobe(&mut rx, &cell, epoch, next).await {
             return;
