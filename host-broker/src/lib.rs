@@ -7,8 +7,10 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod cli;
 pub mod command;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod metrics;
 

@@ -1,0 +1,859 @@
+//! `dormouse`: the command-line client of the broker's public API.
+//!
+//! It speaks only HTTP and the `/v1/events` WebSocket, exactly as any other
+//! frontend would; it never reads the broker's state files (only the token).
+//! Exit codes: 0 success, 1 failure (the broker said no, could not be
+//! reached, or no desktop matches), 2 usage (clap's, and an id prefix that
+//! matches several desktops).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use dormouse_protocol::api::{
+    ApiError as ApiErrorDto, BrokerEvent, ComputerStatus, ContainerState, CreateComputer,
+    LeaseGrant, LeaseRequest, StopReason, GENERATION_HEADER,
+};
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use uuid::Uuid;
+
+use crate::daemon::{default_data_dir, token};
+
+/// Where a broker installed by `scripts/install` keeps its token.
+const SYSTEM_DATA_DIR: &str = "/var/lib/dormouse";
+
+/// Bound of one HTTP request (a start or stop may wait on the engine).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Flags of `dormouse`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "dormouse",
+    version,
+    about = "Command-line client of the Dormouse broker (dormoused)"
+)]
+pub struct CliArgs {
+    /// The broker's URL.
+    #[arg(
+        long,
+        global = true,
+        env = "DORMOUSE_URL",
+        default_value = "http://127.0.0.1:7480"
+    )]
+    pub url: String,
+    /// The broker's data directory, to read its token from <DIR>/token.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// A file holding the token (instead of <data-dir>/token).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON (the API's objects) instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Fencing generation to send with mutating calls (from `dormouse lease`).
+    #[arg(long, global = true, value_name = "N")]
+    pub generation: Option<u64>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CliCommand {
+    /// Create (and start) a new desktop.
+    Create {
+        /// Human name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Owner key.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Wait until it is ready.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this long.
+        #[arg(long, value_name = "DURATION", default_value = "2min", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// List desktops.
+    Ls,
+    /// Show a desktop's status.
+    Status {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Keep printing every change until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Resume a stopped desktop.
+    Start {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Show progress until it is ready or fails.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this long.
+        #[arg(long, value_name = "DURATION", default_value = "2min", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Stop a desktop (nothing is lost; `start` resumes it).
+    Stop {
+        /// Id, unique id prefix, or name.
+        id: String,
+    },
+    /// Remove a desktop; its workspace is kept unless --purge.
+    Rm {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Delete the workspace too.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Save a PNG of a desktop's screen.
+    Screenshot {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Output file.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+    },
+    /// Renew a desktop's idle timer.
+    Touch {
+        /// Id, unique id prefix, or name.
+        id: String,
+    },
+    /// Take or renew the fencing lease of a desktop.
+    Lease {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Who holds it, e.g. this controller's instance name.
+        #[arg(long)]
+        holder: String,
+        /// How long it lives unless renewed, e.g. 30s.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The command line names nothing usable (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// No token could be found.
+    #[error(
+        "no API token: set DORMOUSE_TOKEN, pass --token-file, or --data-dir of the broker \
+         (tried {tried})"
+    )]
+    NoToken {
+        /// The files looked at.
+        tried: String,
+    },
+    /// A token file exists but is unusable.
+    #[error(transparent)]
+    Token(#[from] token::TokenError),
+    /// The broker answered with an error.
+    #[error("{code}: {message}")]
+    Api {
+        /// HTTP status.
+        status: StatusCode,
+        /// The API's error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// The broker could not be reached or answered nonsense.
+    #[error("{0}")]
+    Http(String),
+    /// The event stream failed.
+    #[error("event stream: {0}")]
+    Events(String),
+    /// Waiting ended without success.
+    #[error("{0}")]
+    Failed(String),
+    /// A local file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl CliError {
+    /// The exit code this error means.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+impl From<reqwest::Error> for CliError {
+    fn from(e: reqwest::Error) -> Self {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Self::Http(text)
+    }
+}
+
+/// The whole of `dormouse`: parse, run, exit code.
+pub fn main() -> ExitCode {
+    let args = CliArgs::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dormouse: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match runtime.block_on(run(args, &mut out)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = out.flush();
+            eprintln!("dormouse: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Runs one command, printing to `out`.
+pub async fn run(args: CliArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let token = find_token(&args)?;
+    let client = Client::new(&args.url, token, args.generation)?;
+    let json = args.json;
+    match args.command {
+        CliCommand::Create {
+            name,
+            owner,
+            wait,
+            timeout,
+        } => {
+            let request = CreateComputer {
+                name,
+                owner,
+                workspace_from: None,
+            };
+            let mut events = if wait {
+                Some(client.events().await?)
+            } else {
+                None
+            };
+            let status: ComputerStatus = client
+                .call(Method::POST, "/v1/computers", Some(&request))
+                .await?;
+            if let Some(events) = events.as_mut() {
+                if !json {
+                    writeln!(out, "created {} ({})", status.id, status.name).map_err(stdout)?;
+                }
+                let status = wait_ready(&client, events, status, timeout, json, out).await?;
+                print_status(out, &status, json)
+            } else {
+                print_status(out, &status, json)
+            }
+        }
+        CliCommand::Ls => {
+            let list: Vec<ComputerStatus> = client
+                .call(Method::GET, "/v1/computers", None::<&()>)
+                .await?;
+            if json {
+                print_json(out, &list)
+            } else {
+                print_table(out, &list)
+            }
+        }
+        CliCommand::Status { id, watch } => {
+            let id = client.resolve(&id).await?;
+            if watch {
+                watch_status(&client, id, json, out).await
+            } else {
+                let status: ComputerStatus = client
+                    .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
+                    .await?;
+                print_status(out, &status, json)
+            }
+        }
+        CliCommand::Start { id, wait, timeout } => {
+            let id = client.resolve(&id).await?;
+            // Subscribe before asking, so no change between the two is missed.
+            let mut events = if wait {
+                Some(client.events().await?)
+            } else {
+                None
+            };
+            let started = Instant::now();
+            let status: ComputerStatus = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/computers/{id}/start"),
+                    None::<&()>,
+                )
+                .await?;
+            match events.as_mut() {
+                Some(events) => {
+                    let status = wait_ready(&client, events, status, timeout, json, out).await?;
+                    if !json {
+                        writeln!(out, "ready after {:.2} s", started.elapsed().as_secs_f64())
+                            .map_err(stdout)?;
+                    }
+                    if json {
+                        print_json(out, &status)?;
+                    }
+                    Ok(())
+                }
+                None => print_status(out, &status, json),
+            }
+        }
+        CliCommand::Stop { id } => {
+            let id = client.resolve(&id).await?;
+            let status: ComputerStatus = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/computers/{id}/stop"),
+                    None::<&()>,
+                )
+                .await?;
+            print_status(out, &status, json)
+        }
+        CliCommand::Touch { id } => {
+            let id = client.resolve(&id).await?;
+            let status: ComputerStatus = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/computers/{id}/touch"),
+                    None::<&()>,
+                )
+                .await?;
+            print_status(out, &status, json)
+        }
+        CliCommand::Rm { id, purge } => {
+            let id = client.resolve(&id).await?;
+            let path = format!(
+                "/v1/computers/{id}{}",
+                if purge { "?purge=true" } else { "" }
+            );
+            client.call_empty(Method::DELETE, &path).await?;
+            if json {
+                print_json(out, &serde_json::json!({ "removed": id, "purged": purge }))
+            } else {
+                writeln!(
+                    out,
+                    "removed {id}{}",
+                    if purge {
+                        " and its workspace"
+                    } else {
+                        " (workspace kept)"
+                    }
+                )
+                .map_err(stdout)
+            }
+        }
+        CliCommand::Screenshot { id, output } => {
+            let id = client.resolve(&id).await?;
+            let png = client.screenshot(id).await?;
+            std::fs::write(&output, &png).map_err(|source| CliError::Io {
+                path: output.clone(),
+                source,
+            })?;
+            if json {
+                print_json(
+                    out,
+                    &serde_json::json!({ "id": id, "file": output, "bytes": png.len() }),
+                )
+            } else {
+                writeln!(out, "saved {} ({} bytes)", output.display(), png.len()).map_err(stdout)
+            }
+        }
+        CliCommand::Lease { id, holder, ttl } => {
+            let id = client.resolve(&id).await?;
+            let request = LeaseRequest {
+                holder,
+                ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            };
+            let grant: LeaseGrant = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/computers/{id}/lease"),
+                    Some(&request),
+                )
+                .await?;
+            if json {
+                print_json(out, &grant)
+            } else {
+                writeln!(
+                    out,
+                    "generation {} for {} until {} (send it as --generation {} or {GENERATION_HEADER})",
+                    grant.generation,
+                    grant.holder,
+                    grant.expires_at.to_rfc3339(),
+                    grant.generation
+                )
+                .map_err(stdout)
+            }
+        }
+    }
+}
+
+/// The token: `DORMOUSE_TOKEN`, `--token-file`, `--data-dir`/token, the
+/// default data directory, then the system one of `scripts/install`.
+fn find_token(args: &CliArgs) -> Result<String, CliError> {
+    if let Ok(token) = std::env::var("DORMOUSE_TOKEN") {
+        let token = token.trim().to_owned();
+        if !token.is_empty() {
+            return Ok(token);
+        }
+    }
+    if let Some(file) = &args.token_file {
+        return Ok(token::read(file)?);
+    }
+    if let Some(dir) = &args.data_dir {
+        return Ok(token::read(&dir.join(token::TOKEN_FILE))?);
+    }
+    let candidates: Vec<PathBuf> = default_data_dir()
+        .into_iter()
+        .chain([PathBuf::from(SYSTEM_DATA_DIR)])
+        .map(|d| d.join(token::TOKEN_FILE))
+        .collect();
+    for path in &candidates {
+        if path.exists() {
+            return Ok(token::read(path)?);
+        }
+    }
+    Err(CliError::NoToken {
+        tried: candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// The API over HTTP, with the token and the fencing generation.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    generation: Option<u64>,
+}
+
+impl Client {
+    fn new(url: &str, token: String, generation: Option<u64>) -> Result<Self, CliError> {
+        let base = url.trim_end_matches('/').to_owned();
+        if !base.starts_with("http://") {
+            return Err(CliError::Usage(format!(
+                "--url {url:?} must start with http:// (for a unix socket, use curl --unix-socket)"
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("dormouse/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            http,
+            base,
+            token,
+            generation,
+        })
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let (Some(g), true) = (self.generation, method != Method::GET) {
+            request = request.header(GENERATION_HEADER, g.to_string());
+        }
+        request
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, CliError> {
+        let response = request.send().await?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        Err(match serde_json::from_slice::<ApiErrorDto>(&body) {
+            Ok(e) => CliError::Api {
+                status,
+                code: e.error.code,
+                message: e.error.message,
+            },
+            Err(_) => CliError::Api {
+                status,
+                code: status.as_u16().to_string(),
+                message: String::from_utf8_lossy(&body).trim().to_owned(),
+            },
+        })
+    }
+
+    async fn call<T, B>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, CliError>
+    where
+        T: serde::de::DeserializeOwned,
+        B: serde::Serialize + ?Sized,
+    {
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = self.send(request).await?;
+        response
+            .json::<T>()
+            .await
+            .map_err(|e| CliError::Http(format!("unexpected answer from the broker: {e}")))
+    }
+
+    async fn call_empty(&self, method: Method, path: &str) -> Result<(), CliError> {
+        self.send(self.request(method, path)).await.map(drop)
+    }
+
+    async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, CliError> {
+        let response = self
+            .send(self.request(Method::GET, &format!("/v1/computers/{id}/screenshot")))
+            .await?;
+        Ok(response.bytes().await?.to_vec())
+    }
+
+    /// A UUID as is; otherwise an exact name or a unique id prefix.
+    async fn resolve(&self, given: &str) -> Result<Uuid, CliError> {
+        if let Ok(id) = Uuid::try_parse(given) {
+            return Ok(id);
+        }
+        let list: Vec<ComputerStatus> =
+            self.call(Method::GET, "/v1/computers", None::<&()>).await?;
+        let by_name: Vec<Uuid> = list
+            .iter()
+            .filter(|c| c.name == given)
+            .map(|c| c.id)
+            .collect();
+        let matches = if by_name.is_empty() {
+            let prefix = given.to_ascii_lowercase();
+            list.iter()
+                .filter(|c| !prefix.is_empty() && c.id.to_string().starts_with(&prefix))
+                .map(|c| c.id)
+                .collect()
+        } else {
+            by_name
+        };
+        match matches.as_slice() {
+            [id] => Ok(*id),
+            [] => Err(CliError::Failed(format!(
+                "no desktop named {given:?} or with an id starting so"
+            ))),
+            _ => Err(CliError::Usage(format!(
+                "{given:?} matches {} desktops; give more of the id",
+                matches.len()
+            ))),
+        }
+    }
+
+    /// Opens `/v1/events` with the token in the `Authorization` header.
+    async fn events(&self) -> Result<EventStream, CliError> {
+        let url = format!("ws{}/v1/events", self.base.trim_start_matches("http"));
+        let mut request = url
+            .into_client_request()
+            .map_err(|e| CliError::Events(e.to_string()))?;
+        let auth = HeaderValue::from_str(&format!("Bearer {}", self.token))
+            .map_err(|_| CliError::Usage("the token is not a valid header value".into()))?;
+        request.headers_mut().insert("Authorization", auth);
+        let (socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .map_err(|e| CliError::Events(e.to_string()))?;
+        Ok(EventStream { socket })
+    }
+}
+
+/// The `/v1/events` stream, decoded.
+struct EventStream {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl EventStream {
+    /// The next event; `None` when the broker closed the stream.
+    async fn next(&mut self) -> Result<Option<BrokerEvent>, CliError> {
+        while let Some(message) = self.socket.next().await {
+            match message.map_err(|e| CliError::Events(e.to_string()))? {
+                Message::Text(text) => {
+                    return serde_json::from_str(&text)
+                        .map(Some)
+                        .map_err(|e| CliError::Events(format!("unexpected event: {e}")));
+                }
+                Message::Close(_) => return Ok(None),
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Follows `status` until ready, printing each change of phase; fails when
+/// the container stops or vanishes, or at the deadline.
+async fn wait_ready(
+    client: &Client,
+    events: &mut EventStream,
+    initial: ComputerStatus,
+    timeout: Duration,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<ComputerStatus, CliError> {
+    let id = initial.id;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = initial;
+    let mut shown = String::new();
+    loop {
+        let line = progress_line(&last);
+        if line != shown && !json {
+            writeln!(out, "  {line}").map_err(stdout)?;
+            shown = line;
+        }
+        if last.ready {
+            return Ok(last);
+        }
+        if matches!(
+            last.container,
+            ContainerState::Stopped | ContainerState::Missing
+        ) {
+            let why = last
+                .problem
+                .clone()
+                .or_else(|| last.resumable_problem.clone())
+                .unwrap_or_else(|| format!("the container is {}", container_word(last.container)));
+            return Err(CliError::Failed(format!(
+                "{id} did not become ready: {why}"
+            )));
+        }
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
+            Err(_) => {
+                return Err(CliError::Failed(format!(
+                    "{id} not ready after {}: {}",
+                    humantime::format_duration(timeout),
+                    last.problem.as_deref().unwrap_or("no problem reported")
+                )))
+            }
+            Ok(event) => event?,
+        };
+        match event {
+            Some(BrokerEvent::Status { computer }) if computer.id == id => last = *computer,
+            Some(BrokerEvent::Removed { id: gone }) if gone == id => {
+                return Err(CliError::Failed(format!("{id} was removed while starting")));
+            }
+            Some(_) => {}
+            None => {
+                // The stream ended (broker restart); one last look.
+                last = client
+                    .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
+                    .await?;
+                if !last.ready {
+                    return Err(CliError::Events(
+                        "the broker closed the event stream".into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+async fn watch_status(
+    client: &Client,
+    id: Uuid,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let mut events = client.events().await?;
+    while let Some(event) = events.next().await? {
+        match event {
+            BrokerEvent::Status { computer } if computer.id == id => {
+                if json {
+                    print_json(out, &computer)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{}  {}",
+                        chrono::Local::now().format("%H:%M:%S"),
+                        progress_line(&computer)
+                    )
+                    .map_err(stdout)?;
+                }
+                out.flush().map_err(stdout)?;
+            }
+            BrokerEvent::Removed { id: gone } if gone == id => {
+                if json {
+                    print_json(out, &BrokerEvent::Removed { id })?;
+                } else {
+                    writeln!(out, "removed").map_err(stdout)?;
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+    Err(CliError::Events(
+        "the broker closed the event stream".into(),
+    ))
+}
+
+fn container_word(state: ContainerState) -> &'static str {
+    match state {
+        ContainerState::Running => "running",
+        ContainerState::Stopped => "stopped",
+        ContainerState::Missing => "missing",
+        ContainerState::Unknown => "unknown",
+    }
+}
+
+/// What a person wants to know of a state, in one line.
+fn progress_line(s: &ComputerStatus) -> String {
+    let mut line = match (s.container, s.ready) {
+        (ContainerState::Running, true) => "ready".to_owned(),
+        (ContainerState::Running, false) => match s.phase {
+            Some(phase) => format!("running, {}", serde_plain(&phase)),
+            None => "running, not ready".to_owned(),
+        },
+        (ContainerState::Stopped, _) => stop_words(s.stop_reason),
+        (other, _) => format!("container {}", container_word(other)),
+    };
+    if let Some(problem) = &s.problem {
+        line.push_str(&format!(" ({problem})"));
+    }
+    line
+}
+
+/// The stop reason as the panel says it.
+fn stop_words(reason: Option<StopReason>) -> String {
+    match reason {
+        Some(r) => format!("stopped because {}", serde_plain(&r)),
+        None => "stopped".to_owned(),
+    }
+}
+
+/// A unit enum's serde name (`Phase::Starting` → `starting`).
+fn serde_plain<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn print_json<T: serde::Serialize + ?Sized>(
+    out: &mut dyn Write,
+    value: &T,
+) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| CliError::Failed(format!("cannot print JSON: {e}")))?;
+    writeln!(out, "{text}").map_err(stdout)
+}
+
+fn print_status(out: &mut dyn Write, s: &ComputerStatus, json: bool) -> Result<(), CliError> {
+    if json {
+        return print_json(out, s);
+    }
+    let mut text = format!(
+        "id          {}\nname        {}\nowner       {}\nstate       {}\ncontainer   {}\nready       {}\n",
+        s.id,
+        s.name,
+        s.owner,
+        progress_line(s),
+        container_word(s.container),
+        s.ready
+    );
+    if let Some(at) = s.stopped_at {
+        text.push_str(&format!("stopped at  {}\n", at.to_rfc3339()));
+    }
+    text.push_str(&format!(
+        "resumable   {}{}\n",
+        s.resumable,
+        s.resumable_problem
+            .as_deref()
+            .map(|p| format!(" ({p})"))
+            .unwrap_or_default()
+    ));
+    if let Some(idle) = &s.idle {
+        text.push_str(&format!("idle        {}\n", idle_words(idle)));
+    }
+    text.push_str(&format!(
+        "generation  {}\nimage       {}\n",
+        s.generation, s.image_id
+    ));
+    if let Some(health) = &s.health {
+        text.push_str(&format!("health      {}\n", serde_plain(&health.overall)));
+        for check in &health.checks {
+            text.push_str(&format!(
+                "  {:<18} {:<8} {}\n",
+                check.name,
+                serde_plain(&check.status),
+                check.detail
+            ));
+        }
+    }
+    out.write_all(text.as_bytes()).map_err(stdout)
+}
+
+fn idle_words(idle: &dormouse_protocol::api::IdleStatus) -> String {
+    let window = humantime::format_duration(Duration::from_secs(idle.timeout_ms / 1000));
+    match idle.stops_at {
+        Some(at) => {
+            let left = (at - chrono::Utc::now()).num_seconds().max(0) as u64;
+            format!(
+                "stops in {} (window {window})",
+                humantime::format_duration(Duration::from_secs(left))
+            )
+        }
+        None => format!("timer paused (window {window})"),
+    }
+}
+
+fn print_table(out: &mut dyn Write, list: &[ComputerStatus]) -> Result<(), CliError> {
+    if list.is_empty() {
+        return writeln!(out, "no desktops (create one with `dormouse create`)").map_err(stdout);
+    }
+    let mut text = format!(
+        "{:<10} {:<20} {:<10} {:<6} {}\n",
+        "ID", "NAME", "CONTAINER", "READY", "STATE"
+    );
+    for s in list {
+        let short = &s.id.to_string()[..8];
+        text.push_str(&format!(
+            "{:<10} {:<20} {:<10} {:<6} {}\n",
+            short,
+            s.name,
+            container_word(s.container),
+            if s.ready { "yes" } else { "no" },
+            progress_line(s)
+        ));
+    }
+    out.write_all(text.as_bytes()).map_err(stdout)
+}
+
+fn stdout(source: std::io::Error) -> CliError {
+    CliError::Io {
+        path: Path::new("<stdout>").to_owned(),
+        source,
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 30s, 5min)"))
+}

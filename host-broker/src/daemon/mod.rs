@@ -1,0 +1,429 @@
+//! `dormoused`: the broker daemon as a library function, so the binary is a
+//! thin shell and tests can drive the same code.
+//!
+//! It owns the process: flags, the data directory and its token, the listener
+//! (TCP, unix socket or systemd's), the systemd protocol and signals. It
+//! starts the broker core and serves the API over it; it never decides
+//! anything about computers. Stopping the daemon (SIGTERM) stops serving and
+//! never stops a desktop.
+
+pub mod listen;
+pub mod logging;
+pub mod systemd;
+pub mod token;
+
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, ApiState, ApiToken};
+use crate::command::BrokerHandle;
+use crate::config::{BrokerConfig, ResourceLimits};
+use crate::metrics::Metrics;
+pub use listen::{Activation, ApiListener, ListenAddr};
+pub use logging::LogFormat;
+
+/// How long in-flight requests may take to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the core gets to wind down after the API stopped.
+const CORE_GRACE: Duration = Duration::from_secs(5);
+
+/// Flags of `dormoused`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "dormoused",
+    version,
+    about = "Dormouse broker: creates, starts, stops and fences desktop containers and serves their status"
+)]
+pub struct DaemonArgs {
+    /// State directory [default: $XDG_STATE_HOME/dormouse or ~/.local/state/dormouse].
+    #[arg(long, value_name = "DIR", env = "DORMOUSE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Where the API listens: IP:PORT (loopback unless --allow-remote) or unix:/PATH.
+    /// Ignored when systemd passes a socket.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7480")]
+    pub listen: ListenAddr,
+    /// Allow a non-loopback --listen address (the API has no TLS).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Image for new computers (reference or sha256 ID), resolved to its immutable ID.
+    #[arg(long, value_name = "ID", default_value = "dormouse/desktop:latest")]
+    pub image: String,
+    /// Default idle window, e.g. 8h, 30min, 90s (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "8h", value_parser = parse_idle_timeout)]
+    pub idle_timeout: Duration,
+    /// Most running desktops created by this broker (1-64); resumes never count.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_instances: u32,
+    /// CPUs per desktop (fractional).
+    #[arg(long, value_name = "CPUS", default_value = "2", value_parser = parse_cpus)]
+    pub cpus: f64,
+    /// Memory per desktop, e.g. 4GiB, 2048MiB (swap is limited to the same: no extra swap).
+    #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_memory)]
+    pub memory: i64,
+    /// Maximum number of processes per desktop.
+    #[arg(long, value_name = "N", default_value_t = 2048,
+          value_parser = clap::value_parser!(i64).range(64..=4_194_304))]
+    pub pids: i64,
+    /// Bound of the quiesce through the guest supervisor before an engine stop.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub quiesce_timeout: Duration,
+    /// Grace the engine gives a desktop after SIGTERM before it kills it.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub stop_timeout: Duration,
+    /// How long a start waits for the guest supervisor before reporting.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter, e.g. info, debug, info,dormouse::access=warn.
+    #[arg(
+        long,
+        value_name = "FILTER",
+        default_value = "info",
+        env = "DORMOUSE_LOG"
+    )]
+    pub log_level: String,
+}
+
+impl DaemonArgs {
+    /// The data directory: `--data-dir`, or the default.
+    pub fn data_dir(&self) -> Result<PathBuf, DaemonError> {
+        match &self.data_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => default_data_dir().ok_or(DaemonError::NoDataDir),
+        }
+    }
+
+    /// The broker core's configuration.
+    pub fn broker_config(&self, data_dir: PathBuf) -> BrokerConfig {
+        let mut config = BrokerConfig::new(data_dir);
+        config.image = self.image.clone();
+        config.idle_timeout = self.idle_timeout;
+        config.max_instances = self.max_instances;
+        config.limits = ResourceLimits {
+            cpus: self.cpus,
+            memory_bytes: self.memory,
+            pids: self.pids,
+        };
+        config.quiesce_timeout = self.quiesce_timeout;
+        config.stop_timeout = self.stop_timeout;
+        config.ready_timeout = self.ready_timeout;
+        config
+    }
+}
+
+/// `$XDG_STATE_HOME/dormouse`, else `~/.local/state/dormouse`.
+pub fn default_data_dir() -> Option<PathBuf> {
+    let absolute = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").and_then(absolute) {
+        return Some(state.join("dormouse"));
+    }
+    std::env::var_os("HOME")
+        .and_then(absolute)
+        .map(|home| home.join(".local/state/dormouse"))
+}
+
+/// What stops the daemon from starting or makes it exit with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No `--data-dir` and no `XDG_STATE_HOME` or `HOME`.
+    #[error("no --data-dir given, and neither XDG_STATE_HOME nor HOME is set")]
+    NoDataDir,
+    /// The data directory cannot be made private.
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The token file.
+    #[error(transparent)]
+    Token(#[from] token::TokenError),
+    /// The listener.
+    #[error(transparent)]
+    Listen(#[from] listen::ListenError),
+    /// The logger.
+    #[error("{0}")]
+    Logging(String),
+    /// The container engine client could not be set up.
+    #[error("container engine: {0}")]
+    Engine(String),
+    /// The broker core did not start.
+    #[error("broker core: {0}")]
+    Core(String),
+    /// The broker core stopped while the daemon was serving.
+    #[error("the broker core stopped unexpectedly")]
+    CoreStopped,
+    /// The tokio runtime or a signal handler.
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Serving the API failed.
+    #[error("serving the API: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT: the whole of `dormoused`.
+///
+/// Must be called from `main` before any other thread exists, because taking
+/// systemd's sockets edits the environment.
+pub fn main(args: DaemonArgs) -> Result<(), DaemonError> {
+    logging::init(args.log_format, &args.log_level).map_err(DaemonError::Logging)?;
+    let activation = Activation::from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("dormoused")
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    runtime.block_on(run(args, activation))
+}
+
+/// The daemon on an existing runtime; `activation` are systemd's sockets.
+pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonError> {
+    let data_dir = args.data_dir()?;
+    prepare_data_dir(&data_dir)?;
+    let token = ApiToken::new(&token::load_or_create(&data_dir)?);
+    let activated = activation.is_active();
+    let listener = listen::bind(&args.listen, args.allow_remote, activation)?;
+    let endpoint = listener.describe();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        data_dir = %data_dir.display(),
+        listen = %endpoint,
+        socket_activated = activated,
+        image = %args.image,
+        idle_timeout = %humantime::format_duration(args.idle_timeout),
+        max_instances = args.max_instances,
+        "dormoused starting; reconciling with the engine"
+    );
+
+    let metrics = Arc::new(Metrics::default());
+    let (broker, mut core) =
+        spawn_core(args.broker_config(data_dir.clone()), metrics.clone()).await?;
+
+    let shutdown = CancellationToken::new();
+    let mut state = ApiState::new(broker, metrics, token.clone());
+    state.shutdown = shutdown.clone();
+    let socket_path = match &listener {
+        ApiListener::Unix(_, path) => path.clone(),
+        ApiListener::Tcp(_) => None,
+    };
+    let mut server = tokio::spawn(serve(listener, api::router(state), shutdown.clone()));
+
+    systemd::ready(&format!("serving on {endpoint}"));
+    tracing::info!(listen = %endpoint, "dormoused ready");
+    if let Some(interval) = systemd::watchdog_interval() {
+        tracing::info!(interval = %humantime::format_duration(interval), "systemd watchdog enabled");
+        tokio::spawn(systemd::watchdog(interval, shutdown.clone()));
+    }
+
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Runtime)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Runtime)?;
+    let mut server_done = false;
+    let outcome = loop {
+        tokio::select! {
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
+            _ = hup.recv() => reload(&data_dir, &token),
+            _ = &mut core => break Err(DaemonError::CoreStopped),
+            result = &mut server => {
+                server_done = true;
+                break match result {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(DaemonError::Serve(e)),
+                    Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
+                };
+            }
+        }
+    };
+
+    // Stop serving; desktops keep running (nothing here asks the core to stop one).
+    tracing::info!("dormoused stopping; desktops keep running");
+    systemd::stopping();
+    shutdown.cancel();
+    if !server_done
+        && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
+    {
+        tracing::warn!("requests still in flight after {SHUTDOWN_GRACE:?}; leaving them");
+        server.abort();
+    }
+    if let Some(path) = socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+    // The router held the last handles; give the core a moment to finish
+    // what it was doing so its records are written.
+    if !core.is_finished() && tokio::time::timeout(CORE_GRACE, &mut core).await.is_err() {
+        core.abort();
+    }
+    outcome
+}
+
+/// Makes the data directory exist and be private (0700).
+pub fn prepare_data_dir(path: &Path) -> Result<(), DaemonError> {
+    let err = |source| DaemonError::DataDir {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
+/// Starts the broker core (reconcile included) over the Docker engine.
+async fn spawn_core(
+    config: BrokerConfig,
+    metrics: Arc<Metrics>,
+) -> Result<(BrokerHandle, JoinHandle<()>), DaemonError> {
+    let _ = (config, metrics);
+    Err(DaemonError::Core(
+        "the broker core is not part of this build yet".into(),
+    ))
+}
+
+async fn serve(
+    listener: ApiListener,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let stop = shutdown.cancelled_owned();
+    match listener {
+        ApiListener::Tcp(l) => axum::serve(l, router).with_graceful_shutdown(stop).await,
+        ApiListener::Unix(l, _) => axum::serve(l, router).with_graceful_shutdown(stop).await,
+    }
+}
+
+/// SIGHUP: re-read the token file, so a token can be rotated without a
+/// restart. Every other setting is a flag and needs a restart (which never
+/// stops a desktop).
+fn reload(data_dir: &Path, token: &ApiToken) {
+    systemd::reloading(false);
+    match token::read_checked(&data_dir.join(token::TOKEN_FILE)) {
+        Ok(new) => {
+            token.replace(&new);
+            tracing::info!("SIGHUP: token re-read");
+        }
+        Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the current token"),
+    }
+    systemd::reloading(true);
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 90s, 30min, 8h)"))
+}
+
+fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{s:?} is shorter than one second"));
+    }
+    Ok(d)
+}
+
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(c) if (0.01..=1024.0).contains(&c) => Ok(c),
+        _ => Err(format!(
+            "{s:?} is not a number of CPUs between 0.01 and 1024"
+        )),
+    }
+}
+
+/// `4GiB`, `512MiB`, `4G` (binary units; a bare number is bytes); at least 64 MiB.
+fn parse_memory(s: &str) -> Result<i64, String> {
+    let bad = || format!("{s:?} is not a size such as 4GiB or 512MiB");
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: i64 = digits.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = n.checked_mul(1i64 << shift).ok_or_else(bad)?;
+    if bytes < 64 << 20 {
+        return Err(format!("{s:?} is less than 64MiB"));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let args = DaemonArgs::try_parse_from(["dormoused"]).expect("defaults parse");
+        assert_eq!(args.listen, ListenAddr::default());
+        assert_eq!(args.image, "dormouse/desktop:latest");
+        assert_eq!(args.idle_timeout, Duration::from_secs(8 * 3600));
+        assert_eq!(args.max_instances, 2);
+        assert_eq!(args.memory, 4 << 30);
+        assert_eq!(args.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn out_of_range_flags_are_usage_errors() {
+        for bad in [
+            &["dormoused", "--idle-timeout", "500ms"][..],
+            &["dormoused", "--idle-timeout", "soon"],
+            &["dormoused", "--max-instances", "0"],
+            &["dormoused", "--max-instances", "65"],
+            &["dormoused", "--listen", "localhost"],
+            &["dormoused", "--memory", "1MiB"],
+            &["dormoused", "--cpus", "0"],
+            &["dormoused", "--log-format", "xml"],
+        ] {
+            let err = DaemonArgs::try_parse_from(bad).expect_err("refused");
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+        }
+        let ok = DaemonArgs::try_parse_from([
+            "dormoused",
+            "--idle-timeout",
+            "1s",
+            "--max-instances",
+            "64",
+        ])
+        .expect("edges are allowed");
+        assert_eq!(ok.idle_timeout, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!(parse_memory("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_memory("2G"), Ok(2 << 30));
+        assert!(parse_memory("99999999999999TiB").is_err());
+    }
+
+    #[test]
+    fn data_dir_is_made_private() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("a/b");
+        prepare_data_dir(&data).expect("prepare");
+        let mode = std::fs::metadata(&data).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        prepare_data_dir(&data).expect("prepare again");
+        let mode = std::fs::metadata(&data).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+}
