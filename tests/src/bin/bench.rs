@@ -61,6 +61,20 @@ struct Args {
     /// Seconds a desktop sits idle before its memory is read.
     #[arg(long, default_value_t = 5)]
     idle_secs: u64,
+    /// Measure only these parts (comma-separated); the table shows `-` for the others.
+    #[arg(long, value_delimiter = ',', default_value = "floor,dormouse,shell")]
+    parts: Vec<Part>,
+}
+
+/// A part of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// `docker start` of a trivial container.
+    Floor,
+    /// The Dormouse desktop through the broker.
+    Dormouse,
+    /// The shell entrypoint baseline.
+    Shell,
 }
 
 #[tokio::main]
@@ -105,6 +119,9 @@ impl Row {
     }
 }
 
+/// One figure of [`Memory`], for a table row.
+type PickMemory = fn(&Memory) -> Option<u64>;
+
 /// Memory of one idle desktop.
 #[derive(Debug, Default, Clone, Copy)]
 struct Memory {
@@ -118,16 +135,30 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("dormouse-bench: image {image}, {} runs", args.runs);
     let scratch = TempDir::new("dormouse-bench");
 
-    eprintln!("== floor: docker start of a trivial container");
-    let (floor_cli, floor_api) = floor(&image, args.runs).await?;
+    let (mut floor_cli, mut floor_api) = (Samples::new(), Samples::new());
+    if args.parts.contains(&Part::Floor) {
+        eprintln!("== floor: docker start of a trivial container");
+        (floor_cli, floor_api) = floor(&image, args.runs).await?;
+    }
+    let mut dormouse_numbers = DesktopNumbers::default();
+    if args.parts.contains(&Part::Dormouse) {
+        eprintln!("== dormouse");
+        dormouse_numbers = dormouse(&image, &args).await?;
+    }
+    let mut shell_numbers = DesktopNumbers::default();
+    if args.parts.contains(&Part::Shell) {
+        eprintln!("== shell entrypoint baseline");
+        shell_numbers = shell(&image, &args, scratch.path()).await?;
+    }
 
-    eprintln!("== dormouse");
-    let dormouse = dormouse(&image, &args).await?;
-
-    eprintln!("== shell entrypoint baseline");
-    let shell = shell(&image, &args, scratch.path()).await?;
-
-    print_report(&image, &args, &floor_cli, &floor_api, &dormouse, &shell);
+    print_report(
+        &image,
+        &args,
+        &floor_cli,
+        &floor_api,
+        &dormouse_numbers,
+        &shell_numbers,
+    );
     Ok(())
 }
 
@@ -225,7 +256,7 @@ struct DesktopNumbers {
     api_stop: Samples,
     exit_codes: BTreeMap<i64, usize>,
     first_ready: Option<Duration>,
-    memory: Memory,
+    memory: Option<Memory>,
     notes: Vec<String>,
 }
 
@@ -247,7 +278,7 @@ async fn dormouse(image: &str, args: &Args) -> Result<DesktopNumbers> {
     let guest = Guest::for_computer(id);
 
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-    numbers.memory = memory(guest.container()).await?;
+    numbers.memory = Some(memory(guest.container()).await?);
 
     let mut polled = 0;
     for _ in 0..args.runs {
@@ -331,7 +362,7 @@ async fn shell(image: &str, args: &Args, scratch: &Path) -> Result<DesktopNumber
     };
 
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-    numbers.memory = memory(&name).await?;
+    numbers.memory = Some(memory(&name).await?);
 
     for _ in 0..args.stop_runs {
         let (took, code) = docker_stop(&name).await?;
@@ -546,24 +577,27 @@ fn print_report(
         "{:<50} {:>14} {:>14}",
         "memory at idle", "dormouse", "shell"
     );
-    println!(
-        "{:<50} {:>14} {:>14}",
-        "PID 1 RSS (supervisor / sleep)",
-        mib(d.memory.pid1_rss_kib),
-        mib(s.memory.pid1_rss_kib)
-    );
-    println!(
-        "{:<50} {:>14} {:>14}",
-        "desktop, sum of process RSS",
-        mib(d.memory.processes_rss_kib),
-        mib(s.memory.processes_rss_kib)
-    );
-    println!(
-        "{:<50} {:>14} {:>14}",
-        "desktop, engine memory usage (docker stats)",
-        d.memory.cgroup_kib.map(mib).unwrap_or_else(|| "-".into()),
-        s.memory.cgroup_kib.map(mib).unwrap_or_else(|| "-".into())
-    );
+    let memory_rows: [(&str, PickMemory); 3] = [
+        ("PID 1 RSS (supervisor / sleep)", |m| Some(m.pid1_rss_kib)),
+        ("desktop, sum of process RSS", |m| Some(m.processes_rss_kib)),
+        ("desktop, engine memory usage (docker stats)", |m| {
+            m.cgroup_kib
+        }),
+    ];
+    for (label, pick) in memory_rows {
+        let column = |m: &Option<Memory>| {
+            m.as_ref()
+                .and_then(pick)
+                .map(mib)
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:<50} {:>14} {:>14}",
+            label,
+            column(&d.memory),
+            column(&s.memory)
+        );
+    }
     println!(
         "{:<50} {:>14} {:>14}",
         "first start -> ready (cold)",
@@ -622,12 +656,15 @@ fn print_report(
         ),
         None => println!("  graceful stop: no ratio (missing samples)"),
     }
-    println!(
-        "  supervisor RSS: {} (target <= 4 MiB): {}",
-        mib(d.memory.pid1_rss_kib),
-        verdict(d.memory.pid1_rss_kib <= TARGET_SUPERVISOR_RSS_KIB)
-    );
-    if let (Some(dm), Some(sm)) = (d.memory.cgroup_kib, s.memory.cgroup_kib) {
+    if let Some(memory) = &d.memory {
+        println!(
+            "  supervisor RSS: {} (target <= 4 MiB): {}",
+            mib(memory.pid1_rss_kib),
+            verdict(memory.pid1_rss_kib <= TARGET_SUPERVISOR_RSS_KIB)
+        );
+    }
+    let figure = |m: &Option<Memory>| m.as_ref().and_then(|m| m.cgroup_kib);
+    if let (Some(dm), Some(sm)) = (figure(&d.memory), figure(&s.memory)) {
         if sm > 0 {
             println!(
                 "  desktop memory at idle (engine figure): {:.2}",
