@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""The web panel in Debian's headless Chromium, against a real broker.
+
+By default this starts its own `dormoused` (private data directory, free
+loopback port) on the real engine and the real desktop image, creates a
+desktop through the API, waits until it is ready and stops it. Then, in the
+browser, it signs in, sees the desktop stopped with the empty preview state,
+clicks Start once and checks:
+
+  * Start sent exactly one request (counted by a wrapper around the page's
+    fetch, and in the broker's access log);
+  * the button was disabled with aria-busy="true" and the label "Starting..."
+    while the container ran but the desktop was not ready;
+  * the screenshot preview replaced the empty state without a reload,
+    driven by the WebSocket;
+  * screenshots of the panel in both states are saved (the path is printed).
+
+`--url URL --token TOKEN` runs the same checks against a broker that is
+already running (its engine may be the scripted one of the router tests).
+
+Exit status: 0 passed (or skipped outside CI when Docker, the image or
+Chromium is missing), 1 failed.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+]
+# Bounds on hangs, not speed claims.
+READY_TIMEOUT = 180
+UI_TIMEOUT = 120
+
+
+class Skip(Exception):
+    """A prerequisite is missing; fatal under CI=true."""
+
+
+def log(msg):
+    print(f"[panel_test] {msg}", flush=True)
+
+
+# ---- the broker's HTTP API --------------------------------------------------
+
+
+class Api:
+    def __init__(self, base, token):
+        self.base = base.rstrip("/")
+        self.token = token
+
+    def call(self, method, path, body=None, timeout=180):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", "Bearer " + self.token)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: {e.code} {e.read().decode(errors='replace')}") from None
+
+    def wait(self, cid, predicate, what, timeout=READY_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.call("GET", f"/v1/computers/{cid}")
+            if predicate(last):
+                return last
+            time.sleep(0.25)
+        raise AssertionError(f"{cid} not {what} within {timeout}s; last status: {json.dumps(last)}")
+
+
+# ---- a broker of our own ----------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dormoused_binary():
+    explicit = os.environ.get("DORMOUSED")
+    if explicit:
+        return Path(explicit)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    log("building dormoused")
+    subprocess.run(
+        ["cargo", "build", "--quiet", "-p", "dormouse-broker", "--bin", "dormoused"],
+        cwd=REPO,
+        check=True,
+    )
+    return target / "debug" / "dormoused"
+
+
+class Broker:
+    """A dormoused process on a private data directory; stop() removes every
+    container of a computer it made, then the directory."""
+
+    def __init__(self, image):
+        self.image = image
+        self.dir = Path(tempfile.mkdtemp(prefix="dormouse-panel-"))
+        self.data_dir = self.dir / "data"
+        self.log_path = self.dir / "dormoused.log"
+        self.port = free_port()
+        self.proc = None
+        self.computers = []
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        binary = dormoused_binary()
+        self.log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(binary), "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+             "--image", self.image, "--idle-timeout", "24h", "--log-level", "info"],
+            stdout=self.log_file, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dormoused exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError(f"dormoused did not answer /healthz:\n{self.log()}")
+        token = (self.data_dir / "token").read_text().strip()
+        log(f"dormoused on {self.base}, data dir {self.data_dir}, log {self.log_path}")
+        return token
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def access_count(self, method, path):
+        """Requests the broker logged for METHOD PATH (its access log)."""
+        n = 0
+        for line in self.log().splitlines():
+            if "dormouse::access" in line and f"method={method} " in line and (
+                f'path="{path}"' in line or f"path={path} " in line
+            ):
+                n += 1
+        return n
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for cid in self.computers:
+            ids = subprocess.run(
+                ["docker", "ps", "-aq", "--filter", f"label=dev.dormouse.computer={cid}"],
+                capture_output=True, text=True,
+            ).stdout.split()
+            if ids:
+                subprocess.run(["docker", "rm", "-f", "-v", *ids], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- the browser ---------------------------------------------------------------------
+
+# Installed in the page before Start is clicked: counts every request the page
+# makes and records every state the Start button goes through.
+INSTRUMENT = r"""
+const id = arguments[0];
+window.__requests = [];
+window.__noReload = true;
+if (!window.__fetchWrapped) {
+  const original = window.fetch;
+  window.fetch = function (input, init) {
+    const url = typeof input === "string" ? input : input.url;
+    const method = (init && init.method) || "GET";
+    window.__requests.push({ method, url: new URL(url, location.href).pathname });
+    return original.apply(this, arguments);
+  };
+  window.__fetchWrapped = true;
+}
+const card = document.querySelector(`li[data-id="${id}"]`);
+const button = card.querySelector("button.start");
+window.__startStates = [];
+const record = () => window.__startStates.push({
+  busy: button.getAttribute("aria-busy"),
+  disabled: button.disabled,
+  label: button.textContent,
+  hidden: button.hidden,
+  container: card.dataset.container,
+  ready: card.dataset.ready,
+});
+record();
+new MutationObserver(record).observe(card, { attributes: true, childList: true, subtree: true, characterData: true });
+"""
+
+
+def chromium_driver():
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        raise Skip("python selenium is not installed (pip install -r tests/browser/requirements.txt)")
+    chromium = shutil.which("chromium")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        raise Skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def wait_for(driver, predicate, what, timeout=UI_TIMEOUT):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: predicate(d))
+    except Exception as e:
+        raise AssertionError(f"timed out waiting for {what}: {e}") from None
+
+
+def run_browser(base, token, cid, evidence, broker=None):
+    from selenium.webdriver.common.by import By
+
+    driver = chromium_driver()
+    try:
+        driver.get(base + "/")
+        # Token asked once, kept in sessionStorage.
+        wait_for(driver, lambda d: d.find_element(By.ID, "token").is_displayed(), "the sign-in form")
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
+        card_sel = f'li[data-id="{cid}"]'
+        wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, card_sel), "the desktop's card")
+        wait_for(driver, lambda d: d.find_element(By.ID, "connection").get_attribute("data-mode") == "live",
+                 "the live WebSocket")
+        assert driver.execute_script("return sessionStorage.getItem('dormouse.token')") == token
+
+        card = driver.find_element(By.CSS_SELECTOR, card_sel)
+        state = card.find_element(By.CSS_SELECTOR, ".state").text
+        assert state.startswith("Stopped"), f"state before start: {state!r}"
+        empty = card.find_element(By.CSS_SELECTOR, ".empty-state")
+        img = card.find_element(By.CSS_SELECTOR, "img.screenshot")
+        assert empty.is_displayed() and not img.is_displayed(), "a stopped desktop shows the empty state"
+        log(f"before start: state {state!r}, empty state {empty.text!r}")
+        stopped_png = evidence / "panel-stopped.png"
+        driver.save_screenshot(str(stopped_png))
+
+        driver.execute_script(INSTRUMENT, cid)
+        start = card.find_element(By.CSS_SELECTOR, "button.start")
+        assert start.is_enabled() and start.text == "Start"
+        start.click()
+
+        busy_png = evidence / "panel-starting.png"
+        try:
+            # Catch the busy state on screen if the desktop is not ready yet.
+            wait_for(driver, lambda d: start.get_attribute("aria-busy") == "true", "aria-busy", timeout=5)
+            driver.save_screenshot(str(busy_png))
+        except AssertionError:
+            busy_png = None
+
+        def preview_shown(d):
+            return d.execute_script(
+                """const c = document.querySelector(arguments[0]);
+                   const img = c.querySelector('img.screenshot');
+                   return !img.hidden && img.complete && img.naturalWidth > 0 &&
+                          c.querySelector('.empty-state').hidden;""",
+                card_sel,
+            )
+
+        wait_for(driver, preview_shown, "the screenshot preview", timeout=READY_TIMEOUT)
+        assert driver.execute_script("return window.__noReload === true"), "the page reloaded"
+        ready_png = evidence / "panel-ready.png"
+        driver.save_screenshot(str(ready_png))
+
+        requests = driver.execute_script("return window.__requests")
+        states = driver.execute_script("return window.__startStates")
+        starts = [r for r in requests if r["method"] == "POST" and r["url"].endswith(f"/{cid}/start")]
+        assert len(starts) == 1, f"Start sent {len(starts)} start requests: {requests}"
+        mutating = [r for r in requests if r["method"] != "GET"]
+        assert mutating == starts, f"Start sent other mutating requests too: {mutating}"
+
+        busy_states = [s for s in states if s["busy"] == "true"]
+        assert busy_states, f"the Start button never had aria-busy=true: {states}"
+        for s in busy_states:
+            assert s["disabled"] and s["label"] == "Starting\u2026", f"busy but {s}"
+        # While the container runs and the desktop is not ready: busy, disabled.
+        running_not_ready = [s for s in states if s["container"] == "running" and s["ready"] == "false"]
+        for s in running_not_ready:
+            assert s["busy"] == "true" and s["disabled"] and s["label"] == "Starting\u2026", \
+                f"running but not ready, yet the button is {s}"
+        log(f"Start: {len(starts)} request; button states seen: "
+            f"{len(busy_states)} busy of {len(states)} ({len(running_not_ready)} while running and not ready)")
+
+        if broker is not None:
+            logged = broker.access_count("POST", f"/v1/computers/{cid}/start")
+            assert logged == 1, f"the broker logged {logged} start requests"
+            log("the broker's access log has exactly 1 start request")
+
+        final = card.find_element(By.CSS_SELECTOR, ".state").text
+        readiness = card.find_element(By.CSS_SELECTOR, ".readiness").text
+        assert readiness == "Ready", readiness
+        log(f"after start: state {final!r}, readiness {readiness!r}, preview shown")
+        log(f"evidence: {stopped_png}" + (f", {busy_png}" if busy_png else "") + f", {ready_png}")
+    except Exception:
+        failure = evidence / "panel-failure.png"
+        try:
+            driver.save_screenshot(str(failure))
+            log(f"failure screenshot: {failure}")
+        except Exception:
+            pass
+        raise
+    finally:
+        driver.quit()
+
+
+def prepare_desktop(api):
+    """A desktop that was ready once and is now stopped."""
+    status = api.call("POST", "/v1/computers", {"name": "panel-test"})
+    cid = status["id"]
+    log(f"created {cid}; waiting until ready")
+    api.wait(cid, lambda s: s["ready"], "ready")
+    api.call("POST", f"/v1/computers/{cid}/stop")
+    api.wait(cid, lambda s: s["container"] == "stopped", "stopped", timeout=60)
+    return cid
+
+
+def docker_ready(image):
+    if not shutil.which("docker"):
+        raise Skip("docker is not installed")
+    if subprocess.run(["docker", "version"], capture_output=True).returncode != 0:
+        raise Skip("the Docker engine is not reachable")
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
+        raise Skip(f"image {image} is missing (scripts/build-image)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running broker (default: start one)")
+    parser.add_argument("--token", help="its token (with --url)")
+    parser.add_argument("--image", default=os.environ.get("DORMOUSE_TEST_IMAGE", "dormouse/desktop:latest"))
+    parser.add_argument("--evidence", default=str(Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "panel-evidence"))
+    args = parser.parse_args()
+    evidence = Path(args.evidence)
+    evidence.mkdir(parents=True, exist_ok=True)
+
+    broker = None
+    api = None
+    cid = None
+    try:
+        if args.url:
+            if not args.token:
+                parser.error("--url needs --token")
+            base, token = args.url.rstrip("/"), args.token
+        else:
+            docker_ready(args.image)
+            chromium_driver().quit()
+            broker = Broker(args.image)
+            token = broker.start()
+            base = broker.base
+        api = Api(base, token)
+        cid = prepare_desktop(api)
+        if broker is not None:
+            broker.computers.append(cid)
+        run_browser(base, token, cid, evidence, broker)
+        log("PASSED")
+        print("1 passed, 0 failed")
+        return 0
+    except Skip as e:
+        if os.environ.get("CI") == "true":
+            log(f"FAILED: {e} (CI=true: prerequisites must be present)")
+            print("0 passed, 1 failed")
+            return 1
+        log(f"SKIPPED: {e}")
+        return 0
+    except Exception as e:  # noqa: BLE001 - report any failure with the broker's log
+        log(f"FAILED: {e}")
+        if broker is not None:
+            tail = "\n".join(broker.log().splitlines()[-40:])
+            log(f"dormoused log (last lines):\n{tail}")
+        print("0 passed, 1 failed")
+        return 1
+    finally:
+        if api is not None and cid is not None:
+            try:
+                api.call("DELETE", f"/v1/computers/{cid}?purge=true", timeout=60)
+            except Exception as e:  # noqa: BLE001
+                log(f"cleanup: could not remove {cid}: {e}")
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
