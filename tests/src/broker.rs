@@ -231,6 +231,8 @@ impl BrokerProcess {
                 "RUST_LOG",
                 std::env::var("DORMOUSE_E2E_BROKER_LOG").unwrap_or_else(|_| "info".into()),
             )
+            // Plain text in the log file, not terminal colours.
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -122,12 +122,15 @@ async fn stop_and_kill_keep_every_marker() -> Result<()> {
     broker.restart().await?;
     api = broker.client();
     events = api.events().await?;
-    let after_restart = api.get(id).await?;
-    ensure!(
-        after_restart.container == ContainerState::Stopped
-            && after_restart.stop_reason == Some(StopReason::Manual),
-        "after a broker restart the stopped desktop must still say `manual`: {after_restart:?}"
-    );
+    // Reconciling may take a moment; the reason must come back, not vanish.
+    api.wait_for(
+        &mut events,
+        id,
+        "the restarted broker reports the desktop stopped for reason `manual`",
+        STOPPED_TIMEOUT,
+        |s| s.container == ContainerState::Stopped && s.stop_reason == Some(StopReason::Manual),
+    )
+    .await?;
 
     api.start(id).await?;
     let ready = api.wait_ready(&mut events, id, READY_TIMEOUT).await?.status;
