@@ -5,12 +5,55 @@
 //! [`Config`] whose paths point into a temp directory and run the production
 //! code against fake `/proc` files. No other module may hard-code a system path.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+/// Where production reads the configuration file from.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/dormouse/supervisor.toml";
+
+/// Prefix of the environment variables that override the file:
+/// `DORMOUSE_WIDTH=1920` sets `width`.
+pub const ENV_PREFIX: &str = "DORMOUSE_";
+
+/// Keys whose default is "absent" (an `Option`), so they do not show up in a
+/// serialised default and must be known by name.
+const OPTIONAL_KEYS: &[&str] = &["browser"];
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this struct.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// File, variable or flag the value came from.
+        origin: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// A variable or flag names no configuration key.
+    #[error("{origin}: unknown key {key:?}")]
+    UnknownKey {
+        /// Variable or flag it came from.
+        origin: String,
+        /// The key.
+        key: String,
+    },
+    /// A value parses but makes no sense.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
 
 /// Everything the supervisor needs to know about the system it runs on.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// procfs root (`/proc`).
@@ -64,6 +107,27 @@ pub struct Config {
     /// Re-probe a probed desktop this often even without service changes, ms
     /// (0: only when the service set changes).
     pub reprobe_interval_ms: u64,
+    /// Bound for one service to become ready after it was spawned, ms.
+    pub service_ready_timeout_ms: u64,
+    /// First restart delay after a failure; it doubles with every failure in
+    /// a row, ms.
+    pub restart_base_ms: u64,
+    /// Longest restart delay, ms.
+    pub restart_max_ms: u64,
+    /// A service that ran this long before it failed starts its backoff
+    /// afresh, ms.
+    pub restart_stable_ms: u64,
+    /// This many failures of one service within `crash_loop_window_ms` make a
+    /// crash loop: the service is marked failed and the desktop degraded.
+    pub crash_loop_failures: u32,
+    /// Window for counting failures, ms.
+    pub crash_loop_window_ms: u64,
+    /// How long a crash-looping service rests before it is tried again, ms.
+    pub crash_loop_cooldown_ms: u64,
+    /// Log verbosity: `error`, `warn`, `info`, `debug` or `trace`.
+    pub log_level: String,
+    /// Log format on stderr: `text` or `json`.
+    pub log_format: String,
 }
 
 impl Default for Config {
@@ -93,11 +157,205 @@ impl Default for Config {
             busy_sample_ms: 200,
             probe_timeout_ms: 5_000,
             reprobe_interval_ms: 60_000,
+            service_ready_timeout_ms: 20_000,
+            restart_base_ms: 250,
+            restart_max_ms: 30_000,
+            restart_stable_ms: 30_000,
+            crash_loop_failures: 5,
+            crash_loop_window_ms: 60_000,
+            crash_loop_cooldown_ms: 60_000,
+            log_level: "info".into(),
+            log_format: "text".into(),
         }
     }
 }
 
 impl Config {
+    /// Loads the configuration: defaults, then the TOML `file`, then every
+    /// `DORMOUSE_<KEY>` of `env`, then `overrides` (`key=value` flags), each
+    /// layer winning over the one before. A missing file is fine unless
+    /// `file_required` (it was named explicitly). Returns the configuration
+    /// and notes worth logging once logging is up (e.g. ignored variables).
+    pub fn load(
+        file: &Path,
+        file_required: bool,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[(String, String)],
+    ) -> Result<(Self, Vec<String>), ConfigError> {
+        let mut notes = Vec::new();
+        let mut config = match std::fs::read_to_string(file) {
+            Ok(text) => {
+                notes.push(format!("configuration file {}", file.display()));
+                Self::from_toml(&text, &file.display().to_string())?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !file_required => {
+                notes.push(format!("no {}, using defaults", file.display()));
+                Self::default()
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: file.to_owned(),
+                    source,
+                })
+            }
+        };
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != "DORMOUSE_CONFIG")
+            .collect();
+        // Deterministic order, so two variables for one key cannot race.
+        env.sort();
+        for (name, value) in env {
+            let key = name[ENV_PREFIX.len()..].to_ascii_lowercase();
+            if !config.has_key(&key) {
+                // The guest may carry DORMOUSE_* variables meant for others.
+                notes.push(format!("ignoring {name}: no such configuration key"));
+                continue;
+            }
+            config.set(&key, &value, &name)?;
+        }
+        for (key, value) in overrides {
+            config.set(key, value, &format!("--set {key}"))?;
+        }
+        config.validate()?;
+        Ok((config, notes))
+    }
+
+    /// Parses a TOML document; missing keys keep their defaults, unknown
+    /// keys are an error (a typo must not be silently ignored).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    /// Whether `key` names a configuration field.
+    pub fn has_key(&self, key: &str) -> bool {
+        OPTIONAL_KEYS.contains(&key) || self.as_table().is_some_and(|t| t.contains_key(key))
+    }
+
+    /// Sets one field from its string form, typed like the field: `width` =
+    /// `"1920"` is the integer 1920. For an optional field an empty value or
+    /// `none` clears it. `origin` names the variable or flag for errors.
+    pub fn set(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
+        let mut table = self.as_table().ok_or_else(|| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: "the configuration cannot be represented as TOML".into(),
+        })?;
+        let bad = |message: String| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message,
+        };
+        let typed = if OPTIONAL_KEYS.contains(&key) {
+            let trimmed = value.trim();
+            (!trimmed.is_empty() && !trimmed.eq_ignore_ascii_case("none"))
+                .then(|| toml::Value::String(trimmed.to_owned()))
+        } else {
+            Some(match table.get(key) {
+                Some(toml::Value::Integer(_)) => toml::Value::Integer(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|e| bad(format!("{key}: {value:?} is not an integer: {e}")))?,
+                ),
+                Some(toml::Value::Float(_)) => toml::Value::Float(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|e| bad(format!("{key}: {value:?} is not a number: {e}")))?,
+                ),
+                Some(toml::Value::Boolean(_)) => toml::Value::Boolean(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|e| bad(format!("{key}: {value:?} is not a boolean: {e}")))?,
+                ),
+                Some(_) => toml::Value::String(value.to_owned()),
+                None => {
+                    return Err(ConfigError::UnknownKey {
+                        origin: origin.to_owned(),
+                        key: key.to_owned(),
+                    })
+                }
+            })
+        };
+        match typed {
+            Some(v) => table.insert(key.to_owned(), v),
+            None => table.remove(key),
+        };
+        self.replace_from(table, origin)
+    }
+
+    /// Rejects values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        for (name, path) in [
+            ("proc_root", &self.proc_root),
+            ("home", &self.home),
+            ("workspace", &self.workspace),
+            ("tmp_dir", &self.tmp_dir),
+            ("run_dir", &self.run_dir),
+            ("state_dir", &self.state_dir),
+        ] {
+            if !path.is_absolute() {
+                return invalid(format!("{name} must be an absolute path, not {path:?}"));
+            }
+        }
+        if self.uid == 0 || self.gid == 0 {
+            return invalid("the desktop must never run as root (uid or gid 0)".into());
+        }
+        if !(1..=16_384).contains(&self.width) || !(1..=16_384).contains(&self.height) {
+            return invalid(format!(
+                "screen {}x{} is out of range",
+                self.width, self.height
+            ));
+        }
+        if ![8, 15, 16, 24, 32].contains(&self.depth) {
+            return invalid(format!(
+                "depth {} is not one of 8, 15, 16, 24, 32",
+                self.depth
+            ));
+        }
+        if let Some(browser) = &self.browser {
+            if crate::services::Browser::from_name(browser).is_none() {
+                return invalid(format!(
+                    "browser {browser:?} is not chromium, google-chrome or firefox"
+                ));
+            }
+        }
+        if self.crash_loop_failures == 0 {
+            return invalid("crash_loop_failures must be at least 1".into());
+        }
+        if self.restart_base_ms == 0 || self.restart_max_ms < self.restart_base_ms {
+            return invalid("restart_base_ms must be > 0 and <= restart_max_ms".into());
+        }
+        if !["text", "json"].contains(&self.log_format.as_str()) {
+            return invalid(format!(
+                "log_format {:?} is not text or json",
+                self.log_format
+            ));
+        }
+        if self.log_level.parse::<tracing::Level>().is_err() {
+            return invalid(format!("log_level {:?} is not a level", self.log_level));
+        }
+        Ok(())
+    }
+
+    fn as_table(&self) -> Option<toml::Table> {
+        toml::Table::try_from(self).ok()
+    }
+
+    fn replace_from(&mut self, table: toml::Table, origin: &str) -> Result<(), ConfigError> {
+        *self = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                origin: origin.to_owned(),
+                message: e.message().to_owned(),
+            })?;
+        Ok(())
+    }
+
     /// The supervisor socket.
     pub fn socket_path(&self) -> PathBuf {
         self.run_dir.join(dormouse_protocol::SOCKET_FILE_NAME)
@@ -113,6 +371,21 @@ impl Config {
         self.workspace.join(".browser-profiles")
     }
 
+    /// Root of the apps installed into the workspace (`~/.local` lives here).
+    pub fn apps_root(&self) -> PathBuf {
+        self.workspace.join(".desktop-apps")
+    }
+
+    /// Where the identity of the last preparation is recorded.
+    pub fn identity_record_path(&self) -> PathBuf {
+        self.state_dir.join("prepared-identity.json")
+    }
+
+    /// `/tmp/.X11-unix`.
+    pub fn x_socket_dir(&self) -> PathBuf {
+        self.tmp_dir.join(".X11-unix")
+    }
+
     /// `/tmp/.X<N>-lock`.
     pub fn x_lock_path(&self) -> PathBuf {
         self.tmp_dir.join(format!(".X{}-lock", self.display))
@@ -123,5 +396,98 @@ impl Config {
         self.tmp_dir
             .join(".X11-unix")
             .join(format!("X{}", self.display))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn layers_win_in_order_file_env_flags() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("supervisor.toml");
+        std::fs::write(
+            &file,
+            "width = 1920\nheight = 1080\nbrowser = \"chromium\"\n",
+        )
+        .expect("write");
+        let (config, notes) = Config::load(
+            &file,
+            true,
+            env(&[
+                ("DORMOUSE_HEIGHT", "1200"),
+                ("DORMOUSE_BUSY_CPU_PERCENT", "12.5"),
+                ("DORMOUSE_TEST_IMAGE", "ignored"),
+                ("PATH", "/bin"),
+            ]),
+            &[
+                ("height".into(), "900".into()),
+                ("browser".into(), "none".into()),
+            ],
+        )
+        .expect("load");
+        assert_eq!(config.width, 1920);
+        assert_eq!(config.height, 900);
+        assert!((config.busy_cpu_percent - 12.5).abs() < f64::EPSILON);
+        assert_eq!(config.browser, None);
+        assert!(notes.iter().any(|n| n.contains("DORMOUSE_TEST_IMAGE")));
+    }
+
+    #[test]
+    fn a_missing_default_file_means_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("none.toml");
+        let (config, _) = Config::load(&missing, false, env(&[]), &[]).expect("defaults");
+        assert_eq!(config, Config::default());
+        assert!(matches!(
+            Config::load(&missing, true, env(&[]), &[]),
+            Err(ConfigError::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_errors() {
+        assert!(matches!(
+            Config::from_toml("widht = 3", "f"),
+            Err(ConfigError::Parse { .. })
+        ));
+        let mut config = Config::default();
+        assert!(matches!(
+            config.set("widht", "3", "--set"),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            config.set("width", "wide", "--set"),
+            Err(ConfigError::Parse { .. })
+        ));
+        config.set("browser", "firefox", "--set").expect("browser");
+        assert_eq!(config.browser.as_deref(), Some("firefox"));
+        config.set("home", "/srv/home", "--set").expect("path");
+        assert_eq!(config.home, PathBuf::from("/srv/home"));
+    }
+
+    #[test]
+    fn nonsense_is_rejected() {
+        for (key, value) in [
+            ("uid", "0"),
+            ("depth", "12"),
+            ("browser", "lynx"),
+            ("home", "relative/home"),
+            ("log_format", "xml"),
+            ("crash_loop_failures", "0"),
+        ] {
+            let mut config = Config::default();
+            config.set(key, value, "--set").expect("parses");
+            assert!(config.validate().is_err(), "{key}={value} must be invalid");
+        }
+        Config::default().validate().expect("defaults are valid");
     }
 }

@@ -7,11 +7,39 @@
 
 pub mod activity;
 pub mod config;
+pub mod identity;
+pub mod init;
+pub mod prepare;
 pub mod probe;
+pub mod run;
 pub mod screenshot;
+pub mod services;
 pub mod socket;
 pub mod state;
+pub mod stop;
 pub mod x_client;
 
 pub use config::Config;
 pub use state::{QuiesceRequest, StatusCell};
+
+/// Linux capabilities the supervisor needs, and all it needs: a container
+/// runs it with `--cap-drop ALL` plus exactly these (and
+/// `--security-opt no-new-privileges`). Desktop processes drop all of them
+/// with their switch to uid 1000.
+///
+/// - `CHOWN`: the run directory to root, migrated profiles to uid 1000.
+/// - `DAC_OVERRIDE`: reading and writing the desktop user's files (profiles,
+///   the workspace) as root.
+/// - `FOWNER`: chmod of directories it does not own, and removing the
+///   desktop user's lock files from the sticky `/tmp`.
+/// - `SETUID`, `SETGID`: starting services as uid/gid 1000 (and dropping
+///   supplementary groups).
+/// - `KILL`: signalling the desktop user's processes on stop.
+pub const REQUIRED_CAPABILITIES: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "SETUID",
+    "SETGID",
+    "KILL",
+];

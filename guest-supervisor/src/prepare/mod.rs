@@ -1,0 +1,303 @@
+//! Preparation of a container start, before any desktop process runs.
+//!
+//! Owns, in this order: the run directory (root, 0700), the workspace root
+//! (owned by the desktop user), the profile links into the workspace, the
+//! X socket directory, and — only when the container-start identity differs
+//! from the one recorded at the last preparation — removal of stale locks
+//! and Chromium's crash flag, after which the new identity is recorded.
+//! With an unchanged identity it never touches a lock: a lock may belong to
+//! a live process then. It must never follow a symlink in a directory the
+//! desktop user can write, and never rewrite `/etc/hostname`.
+
+pub mod locks;
+pub mod nofollow;
+pub mod profiles;
+
+use std::path::PathBuf;
+
+use dormouse_protocol::ContainerStartIdentity;
+
+use crate::config::Config;
+use crate::identity;
+use nofollow::{EntryKind, HeldDir, Owner};
+
+/// Why a preparation step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// A filesystem step failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// The step, e.g. `linking`.
+        what: &'static str,
+        /// The path it worked on.
+        path: PathBuf,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// A path is not what it must be and cannot safely be fixed.
+    #[error("{path}: {why}")]
+    Unsafe {
+        /// The path.
+        path: PathBuf,
+        /// Why it is refused.
+        why: &'static str,
+    },
+    /// The identity could not be recorded.
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+}
+
+/// What a preparation did.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// The identity differed from the recorded one (a new container start).
+    pub new_start: bool,
+    /// Locks removed (only on a new start).
+    pub locks_removed: Vec<PathBuf>,
+    /// Chromium preferences marked as exited cleanly (only on a new start).
+    pub preferences_fixed: Vec<PathBuf>,
+    /// Profile links created or repaired.
+    pub links_changed: usize,
+}
+
+/// Makes the run directory shared with the host a real directory owned by
+/// root with mode 0700, so only root in the guest (and the host) can reach
+/// the supervisor socket.
+pub fn secure_run_dir(config: &Config) -> Result<(), PrepareError> {
+    let io = |source| PrepareError::Io {
+        what: "securing",
+        path: config.run_dir.clone(),
+        source,
+    };
+    let (Some(parent), Some(name)) = (config.run_dir.parent(), config.run_dir.file_name()) else {
+        return Err(PrepareError::Unsafe {
+            path: config.run_dir.clone(),
+            why: "the run directory needs a parent",
+        });
+    };
+    let parent = HeldDir::open_trusted(parent).map_err(io)?;
+    let root = Owner {
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    };
+    if let Some(st) = parent.stat(name).map_err(io)? {
+        if st.kind != EntryKind::Dir {
+            // A mount point is always a directory; anything else was planted.
+            return Err(PrepareError::Unsafe {
+                path: config.run_dir.clone(),
+                why: "the run directory is not a real directory",
+            });
+        }
+    }
+    let dir = parent.ensure_dir(name, 0o700, root).map_err(io)?;
+    let st = dir.stat_self().map_err(io)?;
+    if (st.uid, st.gid) != (root.uid, root.gid) {
+        dir.chown(root).map_err(io)?;
+    }
+    if st.mode != 0o700 {
+        dir.chmod(0o700).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Prepares this container start; see the module documentation.
+pub fn prepare(
+    config: &Config,
+    identity: &ContainerStartIdentity,
+) -> Result<Prepared, PrepareError> {
+    let mut prepared = Prepared::default();
+    secure_workspace_root(config)?;
+    let links = profiles::ensure_links(config)?;
+    prepared.links_changed = links
+        .iter()
+        .filter(|(_, o)| *o != profiles::LinkOutcome::AlreadyLinked)
+        .count();
+    let tmp_io = |what, source| PrepareError::Io {
+        what,
+        path: config.tmp_dir.clone(),
+        source,
+    };
+
+    let last = identity::last_prepared(config);
+    prepared.new_start = last.as_ref() != Some(identity);
+    if prepared.new_start {
+        tracing::info!(
+            identity = %identity.fingerprint(),
+            last = %last.as_ref().map(|l| l.fingerprint()).unwrap_or_else(|| "none".into()),
+            "new container start: clearing stale locks"
+        );
+        prepared.locks_removed =
+            locks::clear_x_locks(config).map_err(|e| tmp_io("clearing X locks in", e))?;
+        prepared
+            .locks_removed
+            .extend(locks::clear_profile_locks(config, None).map_err(|source| {
+                PrepareError::Io {
+                    what: "clearing profile locks in",
+                    path: config.profiles_root(),
+                    source,
+                }
+            })?);
+        prepared.preferences_fixed =
+            locks::mark_chromium_exited_cleanly(config).map_err(|source| PrepareError::Io {
+                what: "marking clean exit in",
+                path: config.profiles_root(),
+                source,
+            })?;
+        for path in &prepared.locks_removed {
+            tracing::info!(path = %path.display(), "removed stale lock");
+        }
+        for path in &prepared.preferences_fixed {
+            tracing::info!(path = %path.display(), "marked profile as exited cleanly");
+        }
+    } else {
+        tracing::info!(identity = %identity.fingerprint(), "same container start: locks untouched");
+    }
+    locks::ensure_x_socket_dir(config).map_err(|e| tmp_io("preparing .X11-unix in", e))?;
+    if prepared.new_start {
+        // Last: a kill before this point repeats the (idempotent) cleanup.
+        identity::record_prepared(config, identity)?;
+    }
+    Ok(prepared)
+}
+
+/// The workspace root must be a real directory the desktop user owns (the
+/// host may have created the mount point as root). Only the root itself is
+/// changed, never anything in it.
+fn secure_workspace_root(config: &Config) -> Result<(), PrepareError> {
+    let io = |source| PrepareError::Io {
+        what: "securing",
+        path: config.workspace.clone(),
+        source,
+    };
+    let anchor = profiles::anchor_for(config, &config.workspace);
+    let owner = Owner {
+        uid: config.uid,
+        gid: config.gid,
+    };
+    let dir = profiles::ensure_real_dir(anchor, &config.workspace, 0o755, owner).map_err(io)?;
+    let st = dir.stat_self().map_err(io)?;
+    if (st.uid, st.gid) != (owner.uid, owner.gid) {
+        dir.chown(owner).map_err(io)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    /// A config whose home, workspace, `/tmp`, state and run dirs are in
+    /// `base`, owned by whoever runs the test.
+    pub(crate) fn test_config(base: &Path) -> Config {
+        let home = base.join("home/desk");
+        std::fs::create_dir_all(home.join("workspace")).expect("mkdir");
+        std::fs::create_dir_all(base.join("tmp")).expect("mkdir");
+        Config {
+            workspace: home.join("workspace"),
+            home,
+            tmp_dir: base.join("tmp"),
+            state_dir: base.join("state"),
+            run_dir: base.join("run/dormouse"),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            ..Config::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::tests::FakeProc;
+    use std::os::unix::fs::symlink;
+
+    fn plant_locks(config: &Config) -> Vec<PathBuf> {
+        let chromium = config.profiles_root().join("chromium");
+        std::fs::create_dir_all(&chromium).expect("mkdir");
+        std::fs::create_dir_all(config.x_socket_dir()).expect("mkdir");
+        let planted = vec![
+            chromium.join("SingletonLock"),
+            config.x_lock_path(),
+            config.x_socket_path(),
+        ];
+        let _ = std::fs::remove_file(&planted[0]);
+        symlink("host-77", &planted[0]).expect("link");
+        std::fs::write(&planted[1], "77").expect("write");
+        std::fs::write(&planted[2], "").expect("write");
+        planted
+    }
+
+    fn exists(path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
+    }
+    use std::path::Path;
+
+    #[test]
+    fn locks_go_once_per_container_start_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let proc = FakeProc::new(dir.path());
+        let config = Config {
+            proc_root: proc.root.clone(),
+            ..test_support::test_config(dir.path())
+        };
+        let id = identity::read(&config).expect("identity");
+        let planted = plant_locks(&config);
+        let first = prepare(&config, &id).expect("prepare");
+        assert!(first.new_start);
+        assert!(planted.iter().all(|p| !exists(p)), "stale locks removed");
+
+        // Same start: live locks (of a running browser or X) stay.
+        let planted = plant_locks(&config);
+        let again = prepare(&config, &id).expect("prepare");
+        assert!(!again.new_start);
+        assert!(planted.iter().all(|p| exists(p)), "live locks untouched");
+    }
+
+    #[test]
+    fn every_identity_change_clears_locks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let proc = FakeProc::new(dir.path());
+        let config = Config {
+            proc_root: proc.root.clone(),
+            ..test_support::test_config(dir.path())
+        };
+        let id = identity::read(&config).expect("identity");
+        prepare(&config, &id).expect("prepare");
+
+        let changes: [&dyn Fn(); 3] = [
+            &|| proc.add_process("1", 0, 99_999, "mnt:[4026531841]"),
+            &|| proc.set_boot_id("rebooted"),
+            &|| proc.set_pid_ns("another-namespace"),
+        ];
+        for change in changes {
+            let planted = plant_locks(&config);
+            change();
+            let id = identity::read(&config).expect("identity");
+            let prepared = prepare(&config, &id).expect("prepare");
+            assert!(prepared.new_start);
+            assert!(planted.iter().all(|p| !exists(p)));
+        }
+    }
+
+    #[test]
+    fn run_dir_is_root_only_and_a_planted_link_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = test_support::test_config(dir.path());
+        std::fs::create_dir_all(&config.run_dir).expect("mkdir");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&config.run_dir, std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        secure_run_dir(&config).expect("secure");
+        let meta = std::fs::metadata(&config.run_dir).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+
+        std::fs::remove_dir(&config.run_dir).expect("rmdir");
+        symlink(dir.path(), &config.run_dir).expect("link");
+        assert!(matches!(
+            secure_run_dir(&config),
+            Err(PrepareError::Unsafe { .. })
+        ));
+    }
+}

@@ -1,0 +1,158 @@
+//! `dormouse-supervisor run`: one container start, from PID 1's first
+//! instruction to its exit.
+//!
+//! Owns the order of things: init duties (subreaper, reaper, signals)
+//! before any child exists; identity; the run directory and the guest
+//! socket; preparation; services and the self-probe; serving quiesce
+//! requests; and on SIGTERM/SIGINT the graceful stop — browsers first, then
+//! VNC, window manager, X, stragglers — returning only once every child has
+//! been reaped. It never exits on a recoverable problem: a desktop that
+//! cannot be fully prepared still starts and reports why it is degraded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::services::Services;
+use crate::state::{QuiesceRequest, StatusCell};
+use crate::{identity, init, prepare, probe, socket, stop};
+
+/// Why the supervisor could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Signal handling or the subreaper flag could not be set up.
+    #[error("init duties: {0}")]
+    Init(#[from] std::io::Error),
+    /// The container-start identity is unreadable, so stale locks cannot
+    /// be told from live ones.
+    #[error("container-start identity: {0}")]
+    Identity(#[from] identity::IdentityError),
+}
+
+/// How the supervisor ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// The signal that asked for the stop.
+    pub signal: Signal,
+    /// Whether every browser closed within its grace.
+    pub browsers_clean: bool,
+    /// Whether every child was reaped before returning.
+    pub all_reaped: bool,
+}
+
+/// Runs the desktop until SIGTERM or SIGINT, then stops it gracefully.
+pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
+    let started = Instant::now();
+    // Before any child exists: orphans must come to us, and no SIGCHLD may
+    // go unseen.
+    let is_pid1 = init::adopt_orphans()?;
+    let reaper = init::Reaper::install()?;
+    tokio::spawn(reaper.run());
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+
+    let identity = identity::read(&config)?;
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        protocol = dormouse_protocol::PROTOCOL_VERSION,
+        pid1 = is_pid1,
+        identity = %identity.fingerprint(),
+        "supervisor starting"
+    );
+    let cell = StatusCell::new(identity.clone());
+
+    // The socket comes up first, so the host sees "preparing" (and why a
+    // preparation failed) rather than silence.
+    if let Err(e) = prepare::secure_run_dir(&config) {
+        tracing::error!(error = %e, "cannot secure the run directory");
+    }
+    let (quiesce_tx, mut quiesce_rx) = mpsc::channel::<QuiesceRequest>(4);
+    let socket_task = tokio::spawn({
+        let (config, cell) = (config.clone(), cell.clone());
+        async move {
+            if let Err(e) = socket::serve(config, cell, quiesce_tx).await {
+                tracing::error!(error = %e, "guest socket failed");
+            }
+        }
+    });
+
+    let prepared = tokio::task::spawn_blocking({
+        let (config, identity) = (config.clone(), identity.clone());
+        move || prepare::prepare(&config, &identity)
+    })
+    .await;
+    let prepare_problem = match prepared {
+        Ok(Ok(p)) => {
+            tracing::info!(
+                new_start = p.new_start,
+                locks_removed = p.locks_removed.len(),
+                preferences_fixed = p.preferences_fixed.len(),
+                links_changed = p.links_changed,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "prepared"
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "preparation failed; starting anyway");
+            Some(format!("preparation: {e}"))
+        }
+        Err(e) => Some(format!("preparation ended abnormally: {e}")),
+    };
+    cell.set_prepared();
+
+    let mut services = Services::start(config.clone(), cell.clone(), prepare_problem, started);
+    let probe_task = tokio::spawn(probe::run_probe_loop(config.clone(), cell.clone()));
+
+    let stop_signal = loop {
+        tokio::select! {
+            _ = sigterm.recv() => break Signal::SIGTERM,
+            _ = sigint.recv() => break Signal::SIGINT,
+            _ = sighup.recv() => services.forward(Signal::SIGHUP),
+            Some(request) = quiesce_rx.recv() => {
+                let bound = request.timeout.min(Duration::from_millis(config.quiesce_max_ms));
+                let quiesced = stop::close_browsers(&mut services, &config, is_pid1, bound).await;
+                // The client may have hung up meanwhile.
+                let _ = request.reply.send(quiesced);
+            }
+        }
+    };
+
+    // ---- graceful stop ------------------------------------------------
+    let stopping = Instant::now();
+    tracing::info!(signal = %stop_signal, "stopping");
+    cell.set_stopping();
+    probe_task.abort();
+    let budget = Duration::from_millis(config.stop_timeout_ms);
+    // Browsers get most of the budget: flushing a profile is what matters.
+    let browser_grace = budget.mul_f64(0.6);
+    let service_grace = budget.mul_f64(0.1).min(Duration::from_secs(1));
+    let quiesced = stop::close_browsers(&mut services, &config, is_pid1, browser_grace).await;
+    services.stop_all(browser_grace, service_grace).await;
+    let stragglers = stop::end_stragglers(&config, is_pid1, service_grace).await;
+    let left = budget
+        .saturating_sub(stopping.elapsed())
+        .max(Duration::from_millis(500));
+    let all_reaped = init::wait_childless(left).await;
+    // Last, so clients could watch "stopping" until the end.
+    socket_task.abort();
+    let _ = socket_task.await;
+    tracing::info!(
+        elapsed_ms = stopping.elapsed().as_millis() as u64,
+        browsers_clean = quiesced.complete,
+        stragglers,
+        all_reaped,
+        "stopped"
+    );
+    Ok(Stopped {
+        signal: stop_signal,
+        browsers_clean: quiesced.complete,
+        all_reaped,
+    })
+}

@@ -1,0 +1,758 @@
+//! The desktop's services: Xvfb → window manager → VNC server (→ browser).
+//!
+//! Owns starting each service as the desktop user in its own process group,
+//! in order (a service starts only while every service before it runs),
+//! waiting for its readiness event, restarting it with backoff after a
+//! classified failure (fixing the cause first where it can), declaring a
+//! crash loop, and stopping services one at a time on request. Every change
+//! of the service table is published through [`StatusCell::set_services`].
+//! It never reaps (see [`crate::init`]) and never decides about readiness of
+//! the whole desktop (the status cell and the probe do).
+
+pub mod output;
+pub mod readiness;
+pub mod restart;
+
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::Utc;
+use dormouse_protocol::{ServiceRunState, ServiceState};
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::init::{self, ChildExit, OwnedChild};
+use crate::prepare::locks::{self, ProfileFamily};
+use crate::state::StatusCell;
+use output::{LineReader, Tail};
+use restart::{FailureCause, Remedy, RestartDecision, RestartPolicy, RestartTracker};
+
+/// A browser the supervisor can autostart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Browser {
+    /// Debian's `chromium`.
+    Chromium,
+    /// `google-chrome`, when installed.
+    GoogleChrome,
+    /// Debian's `firefox-esr`.
+    Firefox,
+}
+
+impl Browser {
+    /// Parses a configuration value.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "chromium" => Some(Self::Chromium),
+            "google-chrome" | "chrome" => Some(Self::GoogleChrome),
+            "firefox" | "firefox-esr" => Some(Self::Firefox),
+            _ => None,
+        }
+    }
+
+    /// The lock family of its profile.
+    pub fn family(self) -> ProfileFamily {
+        match self {
+            Self::Chromium | Self::GoogleChrome => ProfileFamily::Chromium,
+            Self::Firefox => ProfileFamily::Firefox,
+        }
+    }
+}
+
+/// What kind of service, which decides readiness and failure rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// The X server.
+    Display,
+    /// The window manager.
+    WindowManager,
+    /// The VNC server.
+    Vnc,
+    /// An autostarted browser.
+    Browser(Browser),
+}
+
+/// One service: its name in the status, kind and command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Name in the service table.
+    pub name: &'static str,
+    /// Kind.
+    pub kind: ServiceKind,
+    /// Program (looked up in `PATH`).
+    pub program: String,
+    /// Arguments.
+    pub args: Vec<String>,
+}
+
+/// Flags every autostarted Chromium gets: it runs in a container without a
+/// user namespace sandbox (and under `no-new-privileges`), and must not
+/// phone home or nag.
+pub const CHROMIUM_FLAGS: &[&str] = &[
+    "--no-sandbox",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--password-store=basic",
+    "--hide-crash-restore-bubble",
+];
+
+/// The services of a desktop, in start order.
+pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
+    let display = config.display_name();
+    let mut services = vec![
+        ServiceSpec {
+            name: "xvfb",
+            kind: ServiceKind::Display,
+            program: "Xvfb".into(),
+            args: vec![
+                display.clone(),
+                "-screen".into(),
+                "0".into(),
+                format!("{}x{}x{}", config.width, config.height, config.depth),
+                "-nolisten".into(),
+                "tcp".into(),
+                // Stay up when the last client disconnects.
+                "-noreset".into(),
+                // Readiness: the display number is written to stdout.
+                "-displayfd".into(),
+                "1".into(),
+            ],
+        },
+        ServiceSpec {
+            name: "openbox",
+            kind: ServiceKind::WindowManager,
+            program: "openbox".into(),
+            args: vec!["--sm-disable".into()],
+        },
+        ServiceSpec {
+            name: "vnc",
+            kind: ServiceKind::Vnc,
+            program: "x11vnc".into(),
+            args: vec![
+                "-display".into(),
+                display,
+                "-localhost".into(),
+                "-rfbport".into(),
+                config.vnc_port.to_string(),
+                "-forever".into(),
+                "-shared".into(),
+                "-nopw".into(),
+                "-noipv6".into(),
+            ],
+        },
+    ];
+    if let Some(browser) = config.browser.as_deref().and_then(Browser::from_name) {
+        let (program, args) = match browser {
+            Browser::Chromium => (
+                "chromium",
+                CHROMIUM_FLAGS.iter().map(|s| (*s).to_owned()).collect(),
+            ),
+            Browser::GoogleChrome => (
+                "google-chrome",
+                CHROMIUM_FLAGS.iter().map(|s| (*s).to_owned()).collect(),
+            ),
+            Browser::Firefox => ("firefox-esr", Vec::new()),
+        };
+        services.push(ServiceSpec {
+            name: "browser",
+            kind: ServiceKind::Browser(browser),
+            program: program.into(),
+            args,
+        });
+    }
+    services
+}
+
+/// The environment of every desktop process.
+pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
+    let lang = std::env::var("LANG").unwrap_or_else(|_| "C.UTF-8".into());
+    let mut env = vec![
+        ("HOME".into(), config.home.display().to_string()),
+        ("USER".into(), "desk".into()),
+        ("LOGNAME".into(), "desk".into()),
+        ("SHELL".into(), "/bin/bash".into()),
+        (
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ),
+        ("DISPLAY".into(), config.display_name()),
+        ("LANG".into(), lang),
+    ];
+    if let Ok(tz) = std::env::var("TZ") {
+        env.push(("TZ".into(), tz));
+    }
+    env
+}
+
+/// The service table and the problems behind it, shared by the service
+/// tasks; every change is published to the status cell.
+#[derive(Debug, Clone)]
+struct Table {
+    inner: Arc<Mutex<Rows>>,
+    cell: StatusCell,
+    /// Bumped on every change, so a service waiting for the ones before it
+    /// wakes up without polling.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+struct Rows {
+    services: Vec<ServiceState>,
+    /// A crash loop's reason, per service.
+    problems: Vec<Option<String>>,
+    /// A preparation failure, kept on every publish.
+    prepare_problem: Option<String>,
+}
+
+impl Table {
+    fn new(specs: &[ServiceSpec], cell: StatusCell, prepare_problem: Option<String>) -> Self {
+        let services = specs
+            .iter()
+            .map(|s| ServiceState {
+                name: s.name.into(),
+                state: ServiceRunState::Pending,
+                pid: None,
+                restarts: 0,
+                last_exit: None,
+                ready_since: None,
+            })
+            .collect();
+        let table = Self {
+            inner: Arc::new(Mutex::new(Rows {
+                services,
+                problems: vec![None; specs.len()],
+                prepare_problem,
+            })),
+            cell,
+            changed: watch::channel(0).0,
+        };
+        table.publish(&table.rows());
+        table
+    }
+
+    fn rows(&self) -> MutexGuard<'_, Rows> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes row `idx` and, with the lock still held (so two writers can
+    /// never publish out of order), publishes the table.
+    fn update(&self, idx: usize, f: impl FnOnce(&mut ServiceState, &mut Option<String>)) {
+        let mut rows = self.rows();
+        let Rows {
+            services, problems, ..
+        } = &mut *rows;
+        if let (Some(service), Some(problem)) = (services.get_mut(idx), problems.get_mut(idx)) {
+            f(service, problem);
+        }
+        self.publish(&rows);
+        drop(rows);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn publish(&self, rows: &Rows) {
+        let problems: Vec<&str> = rows
+            .prepare_problem
+            .iter()
+            .chain(rows.problems.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        let problem = (!problems.is_empty()).then(|| problems.join("; "));
+        self.cell.set_services(rows.services.clone(), problem);
+    }
+
+    fn states(&self) -> Vec<ServiceRunState> {
+        self.rows().services.iter().map(|s| s.state).collect()
+    }
+}
+
+/// How a service task is told to stop: `Some(grace)` = stop now, allowing
+/// the process `grace` to exit after SIGTERM before SIGKILL.
+type StopSignal = watch::Receiver<Option<Duration>>;
+
+/// The running service tasks.
+#[derive(Debug)]
+pub struct Services {
+    table: Table,
+    handles: Vec<ServiceHandle>,
+}
+
+#[derive(Debug)]
+struct ServiceHandle {
+    name: &'static str,
+    kind: ServiceKind,
+    stop: watch::Sender<Option<Duration>>,
+    /// The pid of its running process, for forwarding signals.
+    pid: watch::Receiver<Option<u32>>,
+    task: Option<JoinHandle<bool>>,
+}
+
+/// What the tasks share.
+#[derive(Debug)]
+struct Context {
+    config: Arc<Config>,
+    table: Table,
+    policy: RestartPolicy,
+    /// When the supervisor started, for readiness timings in the log.
+    started: Instant,
+}
+
+impl Services {
+    /// Starts a task per service of [`desktop_services`]. Each waits for the
+    /// ones before it. `prepare_problem` stays in every published problem.
+    pub fn start(
+        config: Arc<Config>,
+        cell: StatusCell,
+        prepare_problem: Option<String>,
+        started: Instant,
+    ) -> Self {
+        let specs = desktop_services(&config);
+        let table = Table::new(&specs, cell, prepare_problem);
+        let ctx = Arc::new(Context {
+            policy: RestartPolicy::from_config(&config),
+            config,
+            table: table.clone(),
+            started,
+        });
+        let handles = specs
+            .into_iter()
+            .enumerate()
+            .map(|(idx, spec)| {
+                let (stop_tx, stop_rx) = watch::channel(None);
+                let (pid_tx, pid_rx) = watch::channel(None);
+                let name = spec.name;
+                let kind = spec.kind;
+                let task = tokio::spawn(supervise(spec, idx, ctx.clone(), stop_rx, pid_tx));
+                ServiceHandle {
+                    name,
+                    kind,
+                    stop: stop_tx,
+                    pid: pid_rx,
+                    task: Some(task),
+                }
+            })
+            .collect();
+        Self { table, handles }
+    }
+
+    /// Names of the browser services.
+    pub fn browser_names(&self) -> Vec<&'static str> {
+        self.handles
+            .iter()
+            .filter(|h| matches!(h.kind, ServiceKind::Browser(_)))
+            .map(|h| h.name)
+            .collect()
+    }
+
+    /// Stops the service `name` (SIGTERM to its process group, SIGKILL after
+    /// `grace`) and waits for its task. `true` if its process exited within
+    /// the grace (or was not running). A stopped service stays stopped.
+    pub async fn stop_service(&mut self, name: &str, grace: Duration) -> bool {
+        let Some(handle) = self.handles.iter_mut().find(|h| h.name == name) else {
+            return true;
+        };
+        handle.stop.send_replace(Some(grace));
+        let Some(task) = handle.task.take() else {
+            return true;
+        };
+        // The task bounds itself (grace, then SIGKILL); the extra second
+        // only guards against a process stuck in the kernel.
+        match tokio::time::timeout(grace + Duration::from_secs(1), task).await {
+            Ok(Ok(clean)) => clean,
+            Ok(Err(e)) => {
+                tracing::error!(service = name, error = %e, "service task failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(service = name, "service did not stop in time");
+                false
+            }
+        }
+    }
+
+    /// Stops every service, last started first (so browsers flush their
+    /// profiles while X still runs). `browser_grace` bounds each browser,
+    /// `grace` every other service.
+    pub async fn stop_all(&mut self, browser_grace: Duration, grace: Duration) {
+        let order: Vec<(&'static str, ServiceKind)> = self
+            .handles
+            .iter()
+            .rev()
+            .map(|h| (h.name, h.kind))
+            .collect();
+        for (name, kind) in order {
+            let bound = if matches!(kind, ServiceKind::Browser(_)) {
+                browser_grace
+            } else {
+                grace
+            };
+            let started = Instant::now();
+            let clean = self.stop_service(name, bound).await;
+            tracing::info!(
+                service = name,
+                clean,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "service stopped"
+            );
+        }
+    }
+
+    /// Sends `signal` to the process group of every running service except
+    /// the X server (for which SIGHUP means "reset", dropping every client).
+    pub fn forward(&self, signal: Signal) {
+        for handle in &self.handles {
+            if handle.kind == ServiceKind::Display {
+                continue;
+            }
+            if let Some(pid) = *handle.pid.borrow() {
+                let pgid = nix::unistd::Pid::from_raw(pid as i32);
+                match nix::sys::signal::killpg(pgid, signal) {
+                    Ok(()) => tracing::info!(service = handle.name, %signal, "forwarded signal"),
+                    Err(e) => {
+                        tracing::debug!(service = handle.name, %signal, error = %e, "cannot forward signal")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pids (= process-group ids) of the services' running processes.
+    pub fn service_pids(&self) -> Vec<u32> {
+        self.handles
+            .iter()
+            .filter_map(|h| *h.pid.borrow())
+            .collect()
+    }
+
+    /// The current run states, in start order.
+    pub fn states(&self) -> Vec<ServiceRunState> {
+        self.table.states()
+    }
+}
+
+/// Runs one service until told to stop; returns whether its last process
+/// exited within the stop grace.
+async fn supervise(
+    spec: ServiceSpec,
+    idx: usize,
+    ctx: Arc<Context>,
+    mut stop: StopSignal,
+    pid_tx: watch::Sender<Option<u32>>,
+) -> bool {
+    let mut tracker = RestartTracker::new(ctx.policy);
+    let mut deps = ctx.table.changed.subscribe();
+    loop {
+        // 1. Wait for every service before this one to run.
+        loop {
+            if stop.borrow().is_some() {
+                return stopped(&ctx, idx);
+            }
+            let states = ctx.table.states();
+            if states[..idx].iter().all(|s| *s == ServiceRunState::Running) {
+                break;
+            }
+            let alive = tokio::select! {
+                r = deps.changed() => r.is_ok(),
+                r = stop.changed() => r.is_ok(),
+            };
+            if !alive {
+                return stopped(&ctx, idx);
+            }
+        }
+
+        // 2. Spawn and wait for readiness.
+        let spawned_at = Instant::now();
+        let attempt = match run_once(&spec, idx, &ctx, &mut stop, &pid_tx).await {
+            Attempt::Stopped(clean) => {
+                pid_tx.send_replace(None);
+                return clean;
+            }
+            Attempt::Failed(cause) => cause,
+        };
+        pid_tx.send_replace(None);
+
+        // 3. Fix the cause where possible, then back off or give up a while.
+        let ran_for = spawned_at.elapsed();
+        let fixed = apply_remedy(&spec, &ctx.config, &attempt);
+        let decision = tracker.record_failure(Instant::now(), ran_for, fixed);
+        let (state, wait) = match decision {
+            RestartDecision::RetryAfter(delay) => (ServiceRunState::Backoff, delay),
+            RestartDecision::CrashLoop { failures, cooldown } => {
+                let window = Duration::from_millis(ctx.config.crash_loop_window_ms);
+                let problem = format!(
+                    "{}: crash loop ({failures} failures within {}s, last: {attempt}); retrying in {}s",
+                    spec.name,
+                    window.as_secs(),
+                    cooldown.as_secs()
+                );
+                tracing::error!(service = spec.name, %problem, "crash loop");
+                ctx.table.update(idx, |_, p| *p = Some(problem));
+                (ServiceRunState::Failed, cooldown)
+            }
+        };
+        tracing::warn!(service = spec.name, cause = %attempt, ran_ms = ran_for.as_millis() as u64, retry_ms = wait.as_millis() as u64, fixed, "service failed");
+        ctx.table.update(idx, |s, _| {
+            s.state = state;
+            s.pid = None;
+            s.ready_since = None;
+            s.restarts = s.restarts.saturating_add(1);
+            s.last_exit = Some(attempt.to_string());
+        });
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(Option::is_some) => return stopped(&ctx, idx),
+        }
+    }
+}
+
+fn stopped(ctx: &Context, idx: usize) -> bool {
+    ctx.table.update(idx, |s, _| {
+        s.state = ServiceRunState::Stopped;
+        s.pid = None;
+        s.ready_since = None;
+    });
+    true
+}
+
+enum Attempt {
+    /// Told to stop; whether the process exited within the grace.
+    Stopped(bool),
+    /// It failed for this cause (and is gone).
+    Failed(FailureCause),
+}
+
+/// One life of the service: spawn, readiness, run until exit or stop.
+async fn run_once(
+    spec: &ServiceSpec,
+    idx: usize,
+    ctx: &Context,
+    stop: &mut StopSignal,
+    pid_tx: &watch::Sender<Option<u32>>,
+) -> Attempt {
+    let config = &ctx.config;
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(desktop_env(config))
+        .current_dir(&config.home)
+        // std drops supplementary groups (setgroups(0)) before setuid when
+        // running as root, then setgid/setuid: the process keeps no
+        // capability and no group of root.
+        .uid(config.uid)
+        .gid(config.gid)
+        // Its own group, so a stop reaches its helpers and a signal to the
+        // supervisor's group never reaches it.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (mut child, mut io) = match init::spawn(&mut cmd) {
+        Ok(spawned) => spawned,
+        Err(e) => return Attempt::Failed(FailureCause::SpawnFailed(e.to_string())),
+    };
+    let pid = child.pid();
+    pid_tx.send_replace(Some(pid));
+    ctx.table.update(idx, |s, _| {
+        s.state = ServiceRunState::Starting;
+        s.pid = Some(pid);
+        s.ready_since = None;
+    });
+    tracing::info!(service = spec.name, pid, program = %spec.program, "service started");
+
+    let tail = Tail::default();
+    if let Some(stderr) = io.stderr.take() {
+        match pipe_reader(stderr) {
+            Ok(reader) => {
+                tokio::spawn(output::forward(
+                    spec.name,
+                    LineReader::new(reader),
+                    tail.clone(),
+                ));
+            }
+            Err(e) => tracing::warn!(service = spec.name, error = %e, "cannot read stderr"),
+        }
+    }
+    let mut stdout = io.stdout.take().and_then(|s| match pipe_reader(s) {
+        Ok(r) => Some(LineReader::new(r)),
+        Err(e) => {
+            tracing::warn!(service = spec.name, error = %e, "cannot read stdout");
+            None
+        }
+    });
+    drop(io);
+
+    let bound = Duration::from_millis(config.service_ready_timeout_ms);
+    let ready = async {
+        match (spec.kind, stdout.as_mut()) {
+            (ServiceKind::Display, Some(out)) => readiness::display(config, out).await,
+            (ServiceKind::Vnc, Some(out)) => readiness::vnc(config, out).await,
+            (ServiceKind::Display | ServiceKind::Vnc, None) => {
+                Err(readiness::NotReady::OutputClosed)
+            }
+            (ServiceKind::WindowManager, _) => readiness::window_manager(config).await,
+            (ServiceKind::Browser(_), _) => Ok(()),
+        }
+    };
+    let outcome = tokio::select! {
+        biased;
+        _ = stop.wait_for(Option::is_some) => None,
+        exit = child.wait() => Some(Err(Some(exit))),
+        r = tokio::time::timeout(bound, ready) => Some(match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(service = spec.name, error = %e, "not ready");
+                Err(None)
+            }
+            Err(_) => Err(None),
+        }),
+    };
+    let Some(outcome) = outcome else {
+        return Attempt::Stopped(terminate(spec.name, &mut child, stop_grace(stop)).await);
+    };
+    if let Some(out) = stdout.take() {
+        tokio::spawn(output::forward(spec.name, out, tail.clone()));
+    }
+    let exit = match outcome {
+        Ok(()) => {
+            let now = Utc::now();
+            ctx.table.update(idx, |s, problem| {
+                s.state = ServiceRunState::Running;
+                s.ready_since = Some(now);
+                // Running again ends a crash loop's complaint.
+                *problem = None;
+            });
+            tracing::info!(
+                service = spec.name,
+                pid,
+                ready_ms = ctx.started.elapsed().as_millis() as u64,
+                "service ready"
+            );
+            let exit = tokio::select! {
+                biased;
+                _ = stop.wait_for(Option::is_some) => None,
+                exit = child.wait() => Some(exit),
+            };
+            if exit.is_none() {
+                return Attempt::Stopped(terminate(spec.name, &mut child, stop_grace(stop)).await);
+            }
+            exit
+        }
+        Err(Some(exit)) => Some(exit),
+        Err(None) => {
+            // Not ready in time (or its readiness failed): it goes.
+            terminate(spec.name, &mut child, Duration::from_millis(500)).await;
+            None
+        }
+    };
+    // Helpers of a dead leader (e.g. a browser's renderers) go with it.
+    kill_group_leftovers(pid);
+    // Let the last lines of its output arrive before classifying.
+    tokio::task::yield_now().await;
+    Attempt::Failed(restart::classify(spec.kind, exit, &tail.lines()))
+}
+
+fn stop_grace(stop: &StopSignal) -> Duration {
+    stop.borrow().unwrap_or(Duration::from_secs(1))
+}
+
+/// SIGTERM to the group, SIGKILL after `grace`; waits until the leader is
+/// reaped. `true` if it exited within the grace.
+async fn terminate(name: &'static str, child: &mut OwnedChild, grace: Duration) -> bool {
+    child.signal_group(Signal::SIGTERM);
+    let clean = match tokio::time::timeout(grace, child.wait()).await {
+        Ok(exit) => {
+            tracing::debug!(service = name, %exit, "exited after SIGTERM");
+            true
+        }
+        Err(_) => {
+            tracing::warn!(
+                service = name,
+                grace_ms = grace.as_millis() as u64,
+                "no exit after SIGTERM; killing"
+            );
+            child.signal_group(Signal::SIGKILL);
+            false
+        }
+    };
+    let _: ChildExit = child.wait().await;
+    kill_group_leftovers(child.pid());
+    clean
+}
+
+/// SIGKILL to whatever is left of a process group whose leader is gone. The
+/// kernel does not reuse a pid while it is some group's id, so this cannot
+/// reach a stranger.
+fn kill_group_leftovers(pgid: u32) {
+    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
+    let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
+}
+
+/// Fixes what a failure's cause points at; `true` if something was fixed.
+fn apply_remedy(spec: &ServiceSpec, config: &Config, cause: &FailureCause) -> bool {
+    let result = match (cause.remedy(), spec.kind) {
+        (Remedy::ClearDisplayLocks, ServiceKind::Display) => locks::clear_x_locks(config),
+        (Remedy::ClearProfileLocks, ServiceKind::Browser(browser)) => {
+            locks::clear_profile_locks(config, Some(browser.family()))
+        }
+        _ => return false,
+    };
+    match result {
+        Ok(removed) => {
+            for path in &removed {
+                tracing::info!(service = spec.name, path = %path.display(), %cause, "removed stale lock before retrying");
+            }
+            !removed.is_empty()
+        }
+        Err(e) => {
+            tracing::warn!(service = spec.name, error = %e, "cannot remove stale locks");
+            false
+        }
+    }
+}
+
+/// A child's pipe as a non-blocking reader on the runtime.
+fn pipe_reader(
+    pipe: impl Into<std::os::fd::OwnedFd>,
+) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
+    tokio::net::unix::pipe::Receiver::from_owned_fd(pipe.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_in_order_with_hardened_flags() {
+        let config = Config {
+            browser: Some("chromium".into()),
+            width: 1920,
+            height: 1080,
+            ..Config::default()
+        };
+        let services = desktop_services(&config);
+        let names: Vec<_> = services.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["xvfb", "openbox", "vnc", "browser"]);
+        assert!(services[0].args.contains(&"1920x1080x24".to_owned()));
+        assert!(services[0]
+            .args
+            .windows(2)
+            .any(|w| w == ["-nolisten", "tcp"]));
+        assert!(services[2].args.contains(&"-localhost".to_owned()));
+        assert!(services[3].args.contains(&"--no-sandbox".to_owned()));
+        let plain = desktop_services(&Config::default());
+        assert_eq!(plain.len(), 3, "no browser unless configured");
+    }
+
+    #[test]
+    fn browsers_by_name() {
+        assert_eq!(Browser::from_name("Chromium"), Some(Browser::Chromium));
+        assert_eq!(Browser::from_name("firefox-esr"), Some(Browser::Firefox));
+        assert_eq!(Browser::from_name("lynx"), None);
+    }
+}

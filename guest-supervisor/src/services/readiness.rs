@@ -1,0 +1,166 @@
+//! How the supervisor knows a service is ready: by an event, never a timer.
+//!
+//! - X server: the display number it writes to `-displayfd` once it listens,
+//!   confirmed by a completed X connection setup.
+//! - Window manager: `_NET_SUPPORTING_WM_CHECK` appearing on the root window,
+//!   awaited as a `PropertyNotify` (the property is checked after selecting
+//!   the event, so a manager that was quicker is not missed).
+//! - VNC server: the `PORT=<n>` line x11vnc prints once it listens,
+//!   confirmed by reading the RFB banner on loopback.
+//!
+//! Each future here may be dropped at any time (the service exited, a stop
+//! came, the bound passed) and leaves nothing behind: a blocking X wait is
+//! woken by shutting its socket down.
+
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt as _};
+use x11rb::connection::Connection as _;
+use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
+use x11rb::protocol::Event;
+use x11rb::rust_connection::{DefaultStream, RustConnection};
+
+use super::output::LineReader;
+use crate::config::Config;
+
+/// Why a service did not get ready.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// Its output ended before it said it was ready.
+    #[error("output closed before the readiness line")]
+    OutputClosed,
+    /// The readiness line made no sense.
+    #[error("unexpected readiness line {0:?}")]
+    BadLine(String),
+    /// Reading its output, or a connection, failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The X display did not answer.
+    #[error("x display: {0}")]
+    X(String),
+    /// The VNC port answered with something that is not RFB.
+    #[error("no RFB banner on {0}")]
+    NoBanner(String),
+}
+
+/// Waits for the X server's `-displayfd` line, then for a completed X
+/// connection setup on the display's socket.
+pub async fn display<R: AsyncRead + Unpin>(
+    config: &Config,
+    displayfd: &mut LineReader<R>,
+) -> Result<(), NotReady> {
+    let line = displayfd.next_line().await?.ok_or(NotReady::OutputClosed)?;
+    let number: u32 = line
+        .trim()
+        .parse()
+        .map_err(|_| NotReady::BadLine(line.clone()))?;
+    if number != config.display {
+        return Err(NotReady::BadLine(format!(
+            "display {number}, expected {}",
+            config.display
+        )));
+    }
+    let bound = Duration::from_millis(config.service_ready_timeout_ms);
+    crate::x_client::with_display(config, bound, |_, _| Ok(()))
+        .await
+        .map_err(|e| NotReady::X(e.to_string()))
+}
+
+/// Shuts a socket down when dropped, waking a thread blocked on it.
+struct ShutdownOnDrop(UnixStream);
+
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(Shutdown::Both);
+    }
+}
+
+/// Waits until a window manager announces itself on the root window.
+pub async fn window_manager(config: &Config) -> Result<(), NotReady> {
+    let path = config.x_socket_path();
+    let stream = tokio::net::UnixStream::connect(&path).await?.into_std()?;
+    let guard = ShutdownOnDrop(stream.try_clone()?);
+    let waiter = tokio::task::spawn_blocking(move || wait_for_wm(stream));
+    let result = waiter
+        .await
+        .map_err(|e| NotReady::X(format!("window-manager wait ended abnormally: {e}")))?;
+    drop(guard);
+    result.map_err(NotReady::X)
+}
+
+fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
+    let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
+    let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
+    let root = conn
+        .setup()
+        .roots
+        .first()
+        .map(|s| s.root)
+        .ok_or("the server has no screen")?;
+    let atom = conn
+        .intern_atom(false, b"_NET_SUPPORTING_WM_CHECK")
+        .map_err(|e| e.to_string())?
+        .reply()
+        .map_err(|e| e.to_string())?
+        .atom;
+    // Select first, then look: a property set in between is seen either way.
+    conn.change_window_attributes(
+        root,
+        &ChangeWindowAttributesAux::new().event_mask(EventMask::PROPERTY_CHANGE),
+    )
+    .map_err(|e| e.to_string())?
+    .check()
+    .map_err(|e| e.to_string())?;
+    let present = |conn: &RustConnection| -> Result<bool, String> {
+        let reply = conn
+            .get_property(false, root, atom, AtomEnum::WINDOW, 0, 1)
+            .map_err(|e| e.to_string())?
+            .reply()
+            .map_err(|e| e.to_string())?;
+        Ok(reply.value_len > 0)
+    };
+    if present(&conn)? {
+        return Ok(());
+    }
+    loop {
+        match conn.wait_for_event().map_err(|e| e.to_string())? {
+            Event::PropertyNotify(e) if e.atom == atom && present(&conn)? => return Ok(()),
+            _ => {}
+        }
+    }
+}
+
+/// Waits for x11vnc's `PORT=<n>` line, then reads the RFB banner there.
+pub async fn vnc<R: AsyncRead + Unpin>(
+    config: &Config,
+    stdout: &mut LineReader<R>,
+) -> Result<(), NotReady> {
+    let port = loop {
+        let line = stdout.next_line().await?.ok_or(NotReady::OutputClosed)?;
+        if let Some(rest) = line.trim().strip_prefix("PORT=") {
+            break rest
+                .parse::<u16>()
+                .map_err(|_| NotReady::BadLine(line.clone()))?;
+        }
+        if !line.trim().is_empty() {
+            tracing::info!(target: "service", service = "vnc", "{line}");
+        }
+    };
+    if port != config.vnc_port {
+        return Err(NotReady::BadLine(format!(
+            "port {port}, expected {}",
+            config.vnc_port
+        )));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    let mut banner = [0u8; 12];
+    conn.read_exact(&mut banner).await?;
+    if banner.starts_with(b"RFB ") {
+        Ok(())
+    } else {
+        Err(NotReady::NoBanner(addr.to_string()))
+    }
+}
