@@ -47,7 +47,8 @@ pub struct CliArgs {
         default_value = "http://127.0.0.1:7480"
     )]
     pub url: String,
-    /// The broker's data directory, to read its token from <DIR>/token.
+    /// The broker's data directory, to read its token from <DIR>/token
+    /// [default: DORMOUSE_TOKEN, then the default data directory, then /var/lib/dormouse].
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// A file holding the token (instead of <data-dir>/token).
@@ -413,20 +414,20 @@ pub async fn run(args: CliArgs, out: &mut dyn Write) -> Result<(), CliError> {
     }
 }
 
-/// The token: `DORMOUSE_TOKEN`, `--token-file`, `--data-dir`/token, the
+/// The token: `--token-file`, `--data-dir`/token, `DORMOUSE_TOKEN`, the
 /// default data directory, then the system one of `scripts/install`.
 fn find_token(args: &CliArgs) -> Result<String, CliError> {
-    if let Ok(token) = std::env::var("DORMOUSE_TOKEN") {
-        let token = token.trim().to_owned();
-        if !token.is_empty() {
-            return Ok(token);
-        }
-    }
     if let Some(file) = &args.token_file {
         return Ok(token::read(file)?);
     }
     if let Some(dir) = &args.data_dir {
         return Ok(token::read(&dir.join(token::TOKEN_FILE))?);
+    }
+    if let Ok(token) = std::env::var("DORMOUSE_TOKEN") {
+        let token = token.trim().to_owned();
+        if !token.is_empty() {
+            return Ok(token);
+        }
     }
     let candidates: Vec<PathBuf> = default_data_dir()
         .into_iter()
@@ -636,11 +637,23 @@ async fn wait_ready(
             last.container,
             ContainerState::Stopped | ContainerState::Missing
         ) {
-            let why = last
+            // The stream's first messages are a snapshot that may predate the
+            // start; only a fresh read can say the start really failed.
+            let fresh: ComputerStatus = client
+                .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
+                .await?;
+            if !matches!(
+                fresh.container,
+                ContainerState::Stopped | ContainerState::Missing
+            ) {
+                last = fresh;
+                continue;
+            }
+            let why = fresh
                 .problem
                 .clone()
-                .or_else(|| last.resumable_problem.clone())
-                .unwrap_or_else(|| format!("the container is {}", container_word(last.container)));
+                .or_else(|| fresh.resumable_problem.clone())
+                .unwrap_or_else(|| format!("the container is {}", container_word(fresh.container)));
             return Err(CliError::Failed(format!(
                 "{id} did not become ready: {why}"
             )));
@@ -741,12 +754,18 @@ fn progress_line(s: &ComputerStatus) -> String {
     line
 }
 
-/// The stop reason as the panel says it.
+/// The stop reason as the panel says it; a neutral "stopped" when unknown.
 fn stop_words(reason: Option<StopReason>) -> String {
     match reason {
-        Some(r) => format!("stopped because {}", serde_plain(&r)),
-        None => "stopped".to_owned(),
+        Some(StopReason::Idle) => "stopped because idle",
+        Some(StopReason::Manual) => "stopped manually",
+        Some(StopReason::Shutdown) => "stopped because the host shut down",
+        Some(StopReason::Fenced) => "stopped because another controller took over",
+        Some(StopReason::Killed) => "stopped because it was killed",
+        Some(StopReason::Oom) => "stopped because it ran out of memory",
+        None => "stopped",
     }
+    .to_owned()
 }
 
 /// A unit enum's serde name (`Phase::Starting` → `starting`).

@@ -84,14 +84,9 @@ pub struct DaemonArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter, e.g. info, debug, info,dormouse::access=warn.
-    #[arg(
-        long,
-        value_name = "FILTER",
-        default_value = "info",
-        env = "DORMOUSE_LOG"
-    )]
-    pub log_level: String,
+    /// Log filter, e.g. info, debug, info,dormouse::access=warn [default: RUST_LOG, else info].
+    #[arg(long, value_name = "FILTER", env = "DORMOUSE_LOG")]
+    pub log_level: Option<String>,
 }
 
 impl DaemonArgs {
@@ -177,7 +172,12 @@ pub enum DaemonError {
 /// Must be called from `main` before any other thread exists, because taking
 /// systemd's sockets edits the environment.
 pub fn main(args: DaemonArgs) -> Result<(), DaemonError> {
-    logging::init(args.log_format, &args.log_level).map_err(DaemonError::Logging)?;
+    let level = args
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    logging::init(args.log_format, &level).map_err(DaemonError::Logging)?;
     let activation = Activation::from_env();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -43,6 +43,9 @@ pub struct Script {
     pub fail_with: Option<BrokerError>,
     /// How long a started desktop stays running but not ready.
     pub boot_time: Duration,
+    /// When set, a started desktop stops after `boot_time` with this problem
+    /// instead of becoming ready.
+    pub fail_boot: Option<String>,
 }
 
 /// A router over a scripted core.
@@ -153,6 +156,7 @@ async fn owner(
         let mut s = script.lock().expect("script lock");
         let fail = s.fail_with.clone();
         let boot_time = s.boot_time;
+        let fail_boot = s.fail_boot.clone();
         macro_rules! answer {
             ($reply:expr, $name:expr, $id:expr, $body:expr) => {{
                 s.calls.push(format!("{} {}", $name, $id));
@@ -220,7 +224,17 @@ async fn owner(
                         tokio::time::sleep(boot_time).await;
                         let mut s = script.lock().expect("script lock");
                         if let Some(c) = s.computers.get_mut(&id) {
-                            if c.container == ContainerState::Running {
+                            if let (ContainerState::Running, Some(problem)) =
+                                (c.container, fail_boot)
+                            {
+                                c.container = ContainerState::Stopped;
+                                c.phase = None;
+                                c.problem = Some(problem);
+                                c.resumable = true;
+                                let _ = events.send(BrokerEvent::Status {
+                                    computer: Box::new(c.clone()),
+                                });
+                            } else if c.container == ContainerState::Running {
                                 c.ready = true;
                                 c.phase = Some(Phase::Ready);
                                 c.idle = Some(IdleStatus {
@@ -246,6 +260,7 @@ async fn owner(
                 c.stop_reason = Some(StopReason::Manual);
                 c.stopped_at = Some(Utc::now());
                 c.resumable = true;
+                c.resumable_problem = None;
                 let status = c.clone();
                 publish(&status);
                 Ok(status)

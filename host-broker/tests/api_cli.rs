@@ -1,0 +1,197 @@
+//! The `dormouse` CLI against the API router over a scripted core, on a real
+//! loopback socket: output, `--wait` progress and failures, id resolution,
+//! and exit codes.
+
+mod api_support;
+
+use std::time::Duration;
+
+use api_support::{Harness, TOKEN};
+use clap::Parser as _;
+use dormouse_broker::cli::{run, CliArgs, CliError};
+use serde_json::Value;
+
+struct Cli {
+    url: String,
+    token_file: tempfile::NamedTempFile,
+}
+
+impl Cli {
+    async fn serve(h: &Harness) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let router = h.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        let token_file = tempfile::NamedTempFile::new().expect("token file");
+        std::fs::write(token_file.path(), format!("{TOKEN}\n")).expect("write token");
+        Self { url, token_file }
+    }
+
+    /// Runs `dormouse ARGS...`; returns its stdout or its error.
+    async fn run(&self, args: &[&str]) -> Result<String, CliError> {
+        let token_file = self.token_file.path().to_str().expect("utf-8 path");
+        let mut argv = vec!["dormouse", "--url", &self.url, "--token-file", token_file];
+        argv.extend_from_slice(args);
+        let parsed = CliArgs::try_parse_from(argv).expect("valid command line");
+        let mut out = Vec::new();
+        run(parsed, &mut out).await?;
+        Ok(String::from_utf8(out).expect("utf-8 output"))
+    }
+}
+
+#[tokio::test]
+async fn ls_status_and_json() {
+    let h = Harness::new();
+    let id = h.add("alpha", false);
+    let cli = Cli::serve(&h).await;
+    let table = cli.run(&["ls"]).await.expect("ls");
+    assert!(
+        table.contains("alpha") && table.contains("stopped because idle"),
+        "{table}"
+    );
+    let json: Value =
+        serde_json::from_str(&cli.run(&["--json", "ls"]).await.expect("ls --json")).expect("JSON");
+    assert_eq!(json[0]["id"], id.to_string());
+    // By name, by prefix, in full.
+    for given in [
+        "alpha".to_owned(),
+        id.to_string()[..6].to_owned(),
+        id.to_string(),
+    ] {
+        let text = cli.run(&["status", &given]).await.expect("status");
+        assert!(text.contains(&id.to_string()), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn start_wait_shows_progress_until_ready() {
+    let h = Harness::new();
+    h.lock().boot_time = Duration::from_millis(200);
+    h.add("beta", false);
+    let cli = Cli::serve(&h).await;
+    let out = cli
+        .run(&["start", "beta", "--wait"])
+        .await
+        .expect("start --wait");
+    assert!(out.contains("running, starting"), "{out}");
+    assert!(out.contains("ready after"), "{out}");
+    let calls = h.calls();
+    assert_eq!(calls.iter().filter(|c| c.starts_with("start")).count(), 1);
+}
+
+#[tokio::test]
+async fn start_wait_reports_a_clear_failure() {
+    let h = Harness::new();
+    {
+        let mut s = h.lock();
+        s.boot_time = Duration::from_millis(100);
+        s.fail_boot = Some("the X display did not come up".into());
+    }
+    h.add("gamma", false);
+    let cli = Cli::serve(&h).await;
+    let err = cli
+        .run(&["start", "gamma", "--wait"])
+        .await
+        .expect_err("a failed boot fails");
+    assert_eq!(err.exit_code(), 1);
+    assert!(
+        err.to_string().contains("the X display did not come up"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn create_wait_and_remove() {
+    let h = Harness::new();
+    let cli = Cli::serve(&h).await;
+    let out = cli
+        .run(&[
+            "--json", "create", "--name", "delta", "--owner", "team", "--wait",
+        ])
+        .await
+        .expect("create");
+    let status: Value = serde_json::from_str(&out).expect("JSON status");
+    assert_eq!(status["name"], "delta");
+    assert_eq!(status["ready"], true);
+    let out = cli.run(&["rm", "delta"]).await.expect("rm");
+    assert!(out.contains("workspace kept"), "{out}");
+    assert!(h.computers().is_empty());
+}
+
+#[tokio::test]
+async fn screenshot_touch_lease_and_fencing() {
+    let h = Harness::new();
+    let id = h.add("eps", true);
+    let cli = Cli::serve(&h).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("shot.png");
+    cli.run(&["screenshot", "eps", "-o", file.to_str().expect("utf-8")])
+        .await
+        .expect("screenshot");
+    assert_eq!(std::fs::read(&file).expect("png"), api_support::PNG);
+    cli.run(&["touch", "eps"]).await.expect("touch");
+    let grant: Value = serde_json::from_str(
+        &cli.run(&["--json", "lease", "eps", "--holder", "ctl", "--ttl", "30s"])
+            .await
+            .expect("lease"),
+    )
+    .expect("JSON grant");
+    assert_eq!(grant["generation"], 2);
+    let err = cli
+        .run(&["--generation", "1", "stop", "eps"])
+        .await
+        .expect_err("stale generation");
+    match err {
+        CliError::Api { code, .. } => assert_eq!(code, "stale_generation"),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    cli.run(&["--generation", "2", "stop", "eps"])
+        .await
+        .expect("fenced stop");
+    assert_eq!(
+        h.computers()[&id].container,
+        dormouse_protocol::api::ContainerState::Stopped
+    );
+}
+
+#[tokio::test]
+async fn exit_codes_mean_something() {
+    let h = Harness::new();
+    let cli = Cli::serve(&h).await;
+    // Unknown desktop: a failure.
+    let err = cli
+        .run(&["stop", "no-such-desktop"])
+        .await
+        .expect_err("unknown");
+    assert_eq!(err.exit_code(), 1);
+    let err = cli
+        .run(&["stop", "67e55044-10b1-426f-9247-bb680e5fe0c8"])
+        .await
+        .expect_err("404");
+    assert_eq!(err.exit_code(), 1);
+    // Usage: clap's own errors exit 2.
+    for bad in [
+        &["dormouse", "start"][..],
+        &["dormouse", "frobnicate"],
+        &["dormouse", "lease", "x", "--holder", "h", "--ttl", "soon"],
+    ] {
+        let err = CliArgs::try_parse_from(bad).expect_err("usage error");
+        assert_eq!(err.exit_code(), 2, "{bad:?}");
+    }
+    // A broker that is not there: a failure, with the reason.
+    let parsed = CliArgs::try_parse_from([
+        "dormouse",
+        "--url",
+        "http://127.0.0.1:9",
+        "--token-file",
+        cli.token_file.path().to_str().expect("utf-8"),
+        "ls",
+    ])
+    .expect("valid");
+    let err = run(parsed, &mut Vec::new()).await.expect_err("unreachable");
+    assert_eq!(err.exit_code(), 1);
+}
