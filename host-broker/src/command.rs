@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::error::BrokerError;
+use crate::reconcile::Orphan;
 
 /// Reply channel of a command.
 pub type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -49,6 +50,9 @@ pub enum Command {
     Lease(Uuid, LeaseRequest, Reply<LeaseGrant>),
     /// A PNG of the screen (never renews the idle timer).
     Screenshot(Uuid, Reply<Vec<u8>>),
+    /// Containers labelled as Dormouse computers that have no record here
+    /// (reported, never removed).
+    Orphans(Reply<Vec<Orphan>>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -138,5 +142,10 @@ impl BrokerHandle {
     /// See [`Command::Screenshot`].
     pub async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, BrokerError> {
         self.ask(|r| Command::Screenshot(id, r)).await
+    }
+
+    /// See [`Command::Orphans`].
+    pub async fn orphans(&self) -> Result<Vec<Orphan>, BrokerError> {
+        self.ask(Command::Orphans).await
     }
 }

@@ -1,5 +1,6 @@
 //! The broker's configuration, filled by `dormoused`'s flags.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,6 +44,9 @@ pub struct BrokerConfig {
     pub stop_timeout: Duration,
     /// How long `start` waits for the guest socket before reporting.
     pub ready_timeout: Duration,
+    /// Extra labels every container gets (e.g. `dev.dormouse.test=1`); they
+    /// also narrow which containers this broker watches and reports as its own.
+    pub container_labels: BTreeMap<String, String>,
 }
 
 impl BrokerConfig {
@@ -57,6 +61,7 @@ impl BrokerConfig {
             quiesce_timeout: Duration::from_secs(5),
             stop_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(60),
+            container_labels: BTreeMap::new(),
         }
     }
 }

@@ -11,8 +11,15 @@ pub mod cli;
 pub mod command;
 pub mod config;
 pub mod daemon;
+pub mod engine;
 pub mod error;
+pub mod guest;
+pub mod idle;
+pub mod lifecycle;
 pub mod metrics;
+pub mod owner;
+pub mod reconcile;
+pub mod store;
 
 pub use command::{BrokerHandle, Command};
 pub use config::BrokerConfig;

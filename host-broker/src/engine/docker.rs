@@ -1,0 +1,434 @@
+//! [`Engine`] over the Docker Engine API with bollard.
+//!
+//! Connects with `DOCKER_HOST` honoured (or the default unix socket) and
+//! negotiates the API version down to what the engine speaks: Docker 20.10
+//! answers API 1.41 and refuses newer clients. When the engine is not there
+//! yet, the connection is still made and negotiation is retried on the next
+//! call, so the broker can serve (and answer 503) without an engine.
+//!
+//! This module translates; it never decides anything about computers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum,
+    ContainerSummary as BollardSummary, ContainerSummaryStateEnum, EventMessage, HostConfig,
+    HostConfigCgroupnsModeEnum, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StartContainerOptions, StopContainerOptionsBuilder,
+};
+use bollard::Docker;
+use chrono::{TimeZone, Utc};
+use futures_util::stream::{BoxStream, StreamExt};
+
+use super::{
+    parse_engine_time, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
+    EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, RunState,
+};
+
+/// The Docker engine, through bollard.
+#[derive(Debug, Clone)]
+pub struct DockerEngine {
+    docker: Docker,
+    negotiated: std::sync::Arc<AtomicBool>,
+}
+
+impl DockerEngine {
+    /// Connects to the engine named by `DOCKER_HOST` (default: the local
+    /// unix socket) and negotiates the API version.
+    ///
+    /// An engine that is not reachable yet is not an error here (the broker
+    /// must keep serving without one); a malformed `DOCKER_HOST` is.
+    pub async fn connect() -> Result<DockerEngine, EngineError> {
+        let docker = Docker::connect_with_defaults()
+            .map_err(|e| EngineError::Failed(format!("cannot set up the engine client: {e}")))?;
+        let engine = DockerEngine {
+            docker,
+            negotiated: std::sync::Arc::new(AtomicBool::new(false)),
+        };
+        if let Err(e) = engine.client().await {
+            tracing::warn!(error = %e, "container engine not reachable yet; will retry on use");
+        }
+        Ok(engine)
+    }
+
+    /// The client, with the API version negotiated once per process (bollard
+    /// keeps the version in state shared by every clone).
+    async fn client(&self) -> Result<&Docker, EngineError> {
+        if !self.negotiated.load(Ordering::Acquire) {
+            let negotiated = self
+                .docker
+                .clone()
+                .negotiate_version()
+                .await
+                .map_err(map_err)?;
+            tracing::debug!(api = %negotiated.client_version(), "engine API version negotiated");
+            self.negotiated.store(true, Ordering::Release);
+        }
+        Ok(&self.docker)
+    }
+}
+
+/// Maps bollard's errors onto ours: transport failures mean "unreachable".
+fn map_err(e: BollardError) -> EngineError {
+    match e {
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            message,
+        } => EngineError::NotFound(message),
+        BollardError::DockerResponseServerError {
+            status_code: 409,
+            message,
+        } => EngineError::Conflict(message),
+        BollardError::DockerResponseServerError {
+            status_code,
+            message,
+        } => EngineError::Failed(format!("{status_code}: {message}")),
+        BollardError::RequestTimeoutError
+        | BollardError::IOError { .. }
+        | BollardError::HyperResponseError { .. }
+        | BollardError::HyperLegacyError { .. }
+        | BollardError::SocketNotFoundError(_) => EngineError::Unavailable(e.to_string()),
+        other => EngineError::Failed(other.to_string()),
+    }
+}
+
+fn label_filters(labels: &[String]) -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_owned(), labels.to_vec())])
+}
+
+fn run_state_of_status(status: Option<ContainerStateStatusEnum>) -> RunState {
+    match status {
+        Some(ContainerStateStatusEnum::CREATED) => RunState::Created,
+        Some(ContainerStateStatusEnum::RUNNING) => RunState::Running,
+        Some(ContainerStateStatusEnum::PAUSED) => RunState::Paused,
+        Some(ContainerStateStatusEnum::RESTARTING) => RunState::Restarting,
+        Some(ContainerStateStatusEnum::REMOVING) => RunState::Removing,
+        Some(ContainerStateStatusEnum::EXITED) => RunState::Exited,
+        Some(ContainerStateStatusEnum::DEAD) => RunState::Dead,
+        _ => RunState::Other,
+    }
+}
+
+fn run_state_of_summary(state: Option<ContainerSummaryStateEnum>) -> RunState {
+    match state {
+        Some(ContainerSummaryStateEnum::CREATED) => RunState::Created,
+        Some(ContainerSummaryStateEnum::RUNNING) => RunState::Running,
+        Some(ContainerSummaryStateEnum::PAUSED) => RunState::Paused,
+        Some(ContainerSummaryStateEnum::RESTARTING) => RunState::Restarting,
+        Some(ContainerSummaryStateEnum::REMOVING) => RunState::Removing,
+        Some(ContainerSummaryStateEnum::EXITED) => RunState::Exited,
+        Some(ContainerSummaryStateEnum::DEAD) => RunState::Dead,
+        _ => RunState::Other,
+    }
+}
+
+fn btree(map: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
+    map.unwrap_or_default().into_iter().collect()
+}
+
+/// Our plain view of an inspect answer.
+fn container_info(raw: ContainerInspectResponse) -> ContainerInfo {
+    let state = raw.state.unwrap_or_default();
+    let host = raw.host_config.unwrap_or_default();
+    let config = raw.config.unwrap_or_default();
+    let mut mounts: Vec<MountInfo> = raw
+        .mounts
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| MountInfo {
+            kind: m.typ.unwrap_or_default(),
+            source: m.source.or(m.name).unwrap_or_default(),
+            target: m.destination.unwrap_or_default(),
+            read_only: !m.rw.unwrap_or(true),
+        })
+        .collect();
+    mounts.sort();
+    let mut networks: Vec<String> = raw
+        .network_settings
+        .and_then(|n| n.networks)
+        .map(|n| n.into_keys().collect())
+        .unwrap_or_default();
+    networks.sort();
+    let published_ports = host.port_bindings.as_ref().is_some_and(|p| {
+        p.values()
+            .any(|b| b.as_ref().is_some_and(|b| !b.is_empty()))
+    });
+    let hardening = Hardening {
+        network_mode: host.network_mode.clone().unwrap_or_default(),
+        cap_add: host.cap_add.clone().unwrap_or_default(),
+        cap_drop: host.cap_drop.clone().unwrap_or_default(),
+        security_opt: host.security_opt.clone().unwrap_or_default(),
+        ipc_mode: host.ipc_mode.clone().unwrap_or_default(),
+        cgroupns_mode: host
+            .cgroupns_mode
+            .map(|m| m.to_string())
+            .unwrap_or_default(),
+        privileged: host.privileged.unwrap_or(false),
+        publish_all_ports: host.publish_all_ports.unwrap_or(false),
+        restart_policy: host
+            .restart_policy
+            .as_ref()
+            .and_then(|r| r.name)
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        init: host.init.unwrap_or(false),
+    };
+    let limits = Limits {
+        nano_cpus: host.nano_cpus.unwrap_or(0),
+        memory: host.memory.unwrap_or(0),
+        memory_swap: host.memory_swap.unwrap_or(0),
+        pids_limit: host.pids_limit.unwrap_or(0),
+    };
+    ContainerInfo {
+        id: raw.id.unwrap_or_default(),
+        name: raw
+            .name
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_owned(),
+        image: raw.image.unwrap_or_default(),
+        hostname: config.hostname.unwrap_or_default(),
+        labels: btree(config.labels),
+        state: run_state_of_status(state.status),
+        started_at: parse_engine_time(state.started_at.as_deref()),
+        finished_at: parse_engine_time(state.finished_at.as_deref()),
+        exit_code: state.exit_code,
+        oom_killed: state.oom_killed.unwrap_or(false),
+        mounts,
+        networks,
+        published_ports,
+        hardening,
+        limits,
+    }
+}
+
+fn summary(raw: BollardSummary) -> ContainerSummary {
+    ContainerSummary {
+        id: raw.id.unwrap_or_default(),
+        name: raw
+            .names
+            .and_then(|n| n.into_iter().next())
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_owned(),
+        labels: btree(raw.labels),
+        state: run_state_of_summary(raw.state),
+    }
+}
+
+fn event(raw: EventMessage) -> Option<EngineEvent> {
+    let actor = raw.actor?;
+    let mut labels = btree(actor.attributes);
+    // Event attributes mix labels with `name`, `image` and `exitCode`.
+    let name = labels.remove("name").unwrap_or_default();
+    labels.remove("image");
+    labels.remove("exitCode");
+    let time = raw
+        .time_nano
+        .map(|ns| Utc.timestamp_nanos(ns))
+        .or_else(|| raw.time.and_then(|s| Utc.timestamp_opt(s, 0).single()));
+    Some(EngineEvent {
+        action: raw.action.unwrap_or_default(),
+        container_id: actor.id.unwrap_or_default(),
+        name,
+        labels,
+        time,
+    })
+}
+
+fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+    let hardening = &spec.hardening;
+    let host_config = HostConfig {
+        network_mode: Some(hardening.network_mode.clone()),
+        cap_add: Some(hardening.cap_add.clone()),
+        cap_drop: Some(hardening.cap_drop.clone()),
+        security_opt: Some(hardening.security_opt.clone()),
+        ipc_mode: Some(hardening.ipc_mode.clone()),
+        cgroupns_mode: Some(match hardening.cgroupns_mode.as_str() {
+            "host" => HostConfigCgroupnsModeEnum::HOST,
+            _ => HostConfigCgroupnsModeEnum::PRIVATE,
+        }),
+        privileged: Some(hardening.privileged),
+        publish_all_ports: Some(hardening.publish_all_ports),
+        restart_policy: Some(RestartPolicy {
+            name: Some(match hardening.restart_policy.as_str() {
+                "always" => RestartPolicyNameEnum::ALWAYS,
+                "unless-stopped" => RestartPolicyNameEnum::UNLESS_STOPPED,
+                "on-failure" => RestartPolicyNameEnum::ON_FAILURE,
+                _ => RestartPolicyNameEnum::NO,
+            }),
+            maximum_retry_count: None,
+        }),
+        init: Some(hardening.init),
+        nano_cpus: Some(spec.limits.nano_cpus),
+        memory: Some(spec.limits.memory),
+        memory_swap: Some(spec.limits.memory_swap),
+        pids_limit: Some(spec.limits.pids_limit),
+        mounts: Some(
+            spec.mounts
+                .iter()
+                .map(|m| Mount {
+                    target: Some(m.target.clone()),
+                    source: Some(m.source.to_string_lossy().into_owned()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(m.read_only),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        hostname: Some(spec.hostname.clone()),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+impl Engine for DockerEngine {
+    fn image<'a>(&'a self, reference: &'a str) -> EngineFuture<'a, Option<ImageInfo>> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            match docker.inspect_image(reference).await {
+                Ok(image) => Ok(Some(ImageInfo {
+                    id: image.id.unwrap_or_default(),
+                    labels: btree(image.config.and_then(|c| c.labels)),
+                })),
+                Err(e) => match map_err(e) {
+                    EngineError::NotFound(_) => Ok(None),
+                    other => Err(other),
+                },
+            }
+        })
+    }
+
+    fn create<'a>(&'a self, spec: &'a ContainerSpec) -> EngineFuture<'a, String> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let options = CreateContainerOptionsBuilder::default()
+                .name(&spec.name)
+                .build();
+            let created = docker
+                .create_container(Some(options), create_body(spec))
+                .await
+                .map_err(map_err)?;
+            for warning in &created.warnings {
+                tracing::warn!(container = %spec.name, %warning, "engine warning on create");
+            }
+            Ok(created.id)
+        })
+    }
+
+    fn start<'a>(&'a self, name: &'a str) -> EngineFuture<'a, ()> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            docker
+                .start_container(name, None::<StartContainerOptions>)
+                .await
+                .map_err(map_err)
+        })
+    }
+
+    fn stop<'a>(&'a self, name: &'a str, timeout: Duration) -> EngineFuture<'a, ()> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let t = i32::try_from(timeout.as_secs().max(1)).unwrap_or(i32::MAX);
+            let options = StopContainerOptionsBuilder::default().t(t).build();
+            docker
+                .stop_container(name, Some(options))
+                .await
+                .map_err(map_err)
+        })
+    }
+
+    fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> EngineFuture<'a, ()> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let options = KillContainerOptionsBuilder::default()
+                .signal(signal)
+                .build();
+            docker
+                .kill_container(name, Some(options))
+                .await
+                .map_err(map_err)
+        })
+    }
+
+    fn inspect<'a>(&'a self, name: &'a str) -> EngineFuture<'a, Option<ContainerInfo>> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            match docker
+                .inspect_container(name, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(raw) => Ok(Some(container_info(raw))),
+                Err(e) => match map_err(e) {
+                    EngineError::NotFound(_) => Ok(None),
+                    other => Err(other),
+                },
+            }
+        })
+    }
+
+    fn remove<'a>(&'a self, name: &'a str) -> EngineFuture<'a, ()> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let options = RemoveContainerOptionsBuilder::default()
+                .force(true)
+                .v(true)
+                .build();
+            docker
+                .remove_container(name, Some(options))
+                .await
+                .map_err(map_err)
+        })
+    }
+
+    fn list<'a>(&'a self, labels: &'a [String]) -> EngineFuture<'a, Vec<ContainerSummary>> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let options = ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&label_filters(labels))
+                .build();
+            let raw = docker
+                .list_containers(Some(options))
+                .await
+                .map_err(map_err)?;
+            Ok(raw.into_iter().map(summary).collect())
+        })
+    }
+
+    fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
+        let engine = self.clone();
+        let mut filters = label_filters(labels);
+        filters.insert("type".into(), vec!["container".into()]);
+        let options = EventsOptionsBuilder::default().filters(&filters).build();
+        let stream = futures_util::stream::once(async move {
+            let docker = engine.client().await?.clone();
+            Ok::<_, EngineError>(docker.events(Some(options)))
+        });
+        stream
+            .flat_map(|connected| match connected {
+                Ok(events) => events
+                    .filter_map(|item| async move {
+                        match item {
+                            Ok(raw) => event(raw).map(Ok),
+                            Err(e) => Some(Err(map_err(e))),
+                        }
+                    })
+                    .boxed(),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+            })
+            .boxed()
+    }
+}

@@ -1,0 +1,86 @@
+//! The lifecycle verbs, one file each (youki style): [`create`], [`resume`],
+//! [`stop`] and [`remove`].
+//!
+//! Each verb is an async function over an [`OpContext`] that talks to the
+//! engine, the guest socket and the stop-reason store, and returns what it
+//! found. The verbs never hold the broker's state: the owner task runs them as
+//! per-computer tasks (at most one at a time per computer) and applies their
+//! results. They never decide policy (idle, capacity, fencing) either.
+
+pub mod create;
+pub mod remove;
+pub mod resume;
+pub mod stop;
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::engine::{Engine, EngineError};
+use crate::error::BrokerError;
+use crate::guest::GuestSocket;
+use crate::store::{Paths, StopReasonStore};
+
+/// What a lifecycle verb may use.
+#[derive(Debug, Clone)]
+pub struct OpContext {
+    /// The engine.
+    pub engine: Arc<dyn Engine>,
+    /// The broker's configuration.
+    pub config: Arc<BrokerConfig>,
+    /// Paths under the data directory.
+    pub paths: Paths,
+    /// Where stop reasons go.
+    pub stops: StopReasonStore,
+}
+
+impl OpContext {
+    /// The supervisor socket of a computer.
+    pub fn socket(&self, id: Uuid) -> GuestSocket {
+        GuestSocket::new(self.paths.socket(id))
+    }
+}
+
+/// The container name of a computer: `dormouse-<id>`.
+pub fn container_name(id: Uuid) -> String {
+    format!("dormouse-{id}")
+}
+
+/// The fixed hostname of a computer: `desk-<first 8 hex digits of the id>`.
+pub fn hostname(id: Uuid) -> String {
+    let simple = id.simple().to_string();
+    format!("desk-{}", &simple[..8])
+}
+
+/// The key stop reasons are filed under (hashed by the store).
+pub fn stop_key(id: Uuid) -> String {
+    id.to_string()
+}
+
+/// An engine failure as the API should see it.
+pub fn engine_error(e: EngineError) -> BrokerError {
+    match e {
+        EngineError::Unavailable(m) => BrokerError::EngineUnavailable(m),
+        EngineError::NotFound(m) => {
+            BrokerError::WrongState(format!("not found by the engine: {m}"))
+        }
+        EngineError::Conflict(m) => BrokerError::WrongState(m),
+        EngineError::Failed(m) => BrokerError::Internal(format!("engine: {m}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_fixed_per_computer() {
+        let id = Uuid::parse_str("0123abcd-4567-89ab-cdef-0123456789ab").expect("uuid");
+        assert_eq!(
+            container_name(id),
+            "dormouse-0123abcd-4567-89ab-cdef-0123456789ab"
+        );
+        assert_eq!(hostname(id), "desk-0123abcd");
+    }
+}

@@ -1,0 +1,117 @@
+//! `stop`: quiesce through the supervisor (bounded), then engine stop, with
+//! the reason recorded against the engine's `FinishedAt`.
+//!
+//! Order matters for crash safety: the *intent* is persisted before anything
+//! is asked of the engine, so a broker that dies mid-stop finishes the stop on
+//! its next start-up; the *confirmation* carries `FinishedAt` read by inspect
+//! after the stop, which is what later tells our stop apart from a foreign
+//! one. Stop never removes or recreates anything.
+
+use chrono::Utc;
+use dormouse_protocol::api::StopReason;
+use dormouse_protocol::Quiesced;
+use uuid::Uuid;
+
+use super::{container_name, engine_error, stop_key, OpContext};
+use crate::engine::ContainerInfo;
+use crate::error::BrokerError;
+use crate::guest;
+use crate::store::StopRecord;
+
+/// What a completed stop found.
+#[derive(Debug, Clone)]
+pub struct Stopped {
+    /// The engine's view after the stop.
+    pub info: ContainerInfo,
+    /// The confirmed stop record.
+    pub record: StopRecord,
+    /// What the guest said to `quiesce`, if it answered.
+    pub quiesced: Option<Quiesced>,
+}
+
+/// Stops a running computer for `reason`.
+pub async fn run(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<Stopped, BrokerError> {
+    let name = container_name(id);
+    let info = ctx
+        .engine
+        .inspect(&name)
+        .await
+        .map_err(engine_error)?
+        .ok_or_else(|| BrokerError::WrongState(format!("container {name} is missing")))?;
+    if !info.state.is_up() {
+        return Err(BrokerError::WrongState("the desktop is not running".into()));
+    }
+    let intent = StopRecord::intent(reason, Utc::now());
+    ctx.stops.save(&stop_key(id), &intent)?;
+    let quiesced = quiesce(ctx, id).await;
+    let (info, record) = finish(ctx, id, &intent).await?;
+    Ok(Stopped {
+        info,
+        record,
+        quiesced,
+    })
+}
+
+/// Asks the guest to close browsers cleanly, bounded by the configured
+/// quiesce timeout. Failure is logged and never blocks the stop.
+pub async fn quiesce(ctx: &OpContext, id: Uuid) -> Option<Quiesced> {
+    let limit = ctx.config.quiesce_timeout;
+    let socket = ctx.socket(id);
+    let bound = limit + std::time::Duration::from_secs(1);
+    match tokio::time::timeout(bound, guest::quiesce(&socket, limit)).await {
+        Ok(Ok(done)) => {
+            tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced");
+            Some(done)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(computer = %id, error = %e, "quiesce failed; stopping anyway");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(computer = %id, "quiesce did not answer in {bound:?}; stopping anyway");
+            None
+        }
+    }
+}
+
+/// The engine half of a stop whose intent is recorded: engine stop, inspect,
+/// then confirm (or drop) the intent according to what the engine says.
+pub async fn finish(
+    ctx: &OpContext,
+    id: Uuid,
+    intent: &StopRecord,
+) -> Result<(ContainerInfo, StopRecord), BrokerError> {
+    let name = container_name(id);
+    let key = stop_key(id);
+    let stopped = ctx.engine.stop(&name, ctx.config.stop_timeout).await;
+    let after = ctx.engine.inspect(&name).await;
+    match (stopped, after) {
+        (_, Ok(Some(info))) if !info.state.is_up() => {
+            let record = intent.confirm(info.finished_at);
+            ctx.stops.save(&key, &record)?;
+            Ok((info, record))
+        }
+        (Ok(()), Ok(Some(info))) => {
+            ctx.stops.clear(&key)?;
+            Err(BrokerError::Internal(format!(
+                "the engine stopped {name} but it is {}",
+                info.state
+            )))
+        }
+        (Err(e), Ok(Some(_))) => {
+            // Definitely still running: the stop did not happen.
+            ctx.stops.clear(&key)?;
+            Err(engine_error(e))
+        }
+        (_, Ok(None)) => {
+            ctx.stops.clear(&key)?;
+            Err(BrokerError::WrongState(format!(
+                "container {name} vanished"
+            )))
+        }
+        (Err(e), Err(_)) | (Ok(()), Err(e)) => {
+            // Unknown outcome: keep the intent; reconciliation finishes it.
+            Err(engine_error(e))
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Reconciling the broker's records with what the engine says, on start-up
+//! and whenever the engine's event stream reconnects.
+//!
+//! - Each record's container and image are inspected ([`observe`]).
+//! - A stop that was begun but not confirmed (an intent in the stop-reason
+//!   store) is settled ([`settle_intent`]): finished if the container still
+//!   runs, confirmed with the engine's `FinishedAt` if it stopped after the
+//!   intent, dropped otherwise.
+//! - Containers labelled as ours with no record are reported as [`Orphan`]s
+//!   (logged and listed), never removed: deleting a desktop is never the
+//!   broker's guess.
+//!
+//! This module only observes and decides; the owner applies the decisions.
+
+use std::collections::HashSet;
+
+use chrono::Duration as ChronoDuration;
+use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::engine::{ContainerInfo, Engine, EngineError};
+use crate::lifecycle::container_name;
+use crate::store::{ComputerRecord, StopRecord};
+
+/// How much earlier than the intent a `FinishedAt` may be and still count
+/// as the end of that stop (the engine and the broker share one clock, this
+/// only absorbs rounding).
+const INTENT_SLACK_MS: i64 = 2000;
+
+/// What the engine says of a computer's container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineView {
+    /// The engine could not be asked; why.
+    Unknown(String),
+    /// The engine has no such container.
+    Missing,
+    /// The container as inspected.
+    Present(Box<ContainerInfo>),
+}
+
+impl EngineView {
+    /// The container, when the engine reported one.
+    pub fn info(&self) -> Option<&ContainerInfo> {
+        match self {
+            Self::Present(info) => Some(info),
+            _ => None,
+        }
+    }
+
+    /// Whether the container is up.
+    pub fn is_up(&self) -> bool {
+        self.info().is_some_and(|i| i.state.is_up())
+    }
+}
+
+/// A container labelled as a Dormouse computer that has no record here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    /// Container name.
+    pub container: String,
+    /// The computer id its label names.
+    pub computer: String,
+    /// Its owner label.
+    pub owner: Option<String>,
+    /// Its run state.
+    pub state: String,
+}
+
+/// Inspects a record's container and image. The image is "present" only when
+/// the engine resolves the recorded ID to exactly that ID.
+pub async fn observe(engine: &dyn Engine, record: &ComputerRecord) -> (EngineView, Option<bool>) {
+    let view = match engine.inspect(&container_name(record.id)).await {
+        Ok(Some(info)) => EngineView::Present(Box::new(info)),
+        Ok(None) => EngineView::Missing,
+        Err(e) => return (EngineView::Unknown(e.to_string()), None),
+    };
+    let image = match engine.image(&record.image_id).await {
+        Ok(image) => Some(image.is_some_and(|i| i.id == record.image_id)),
+        Err(_) => None,
+    };
+    (view, image)
+}
+
+/// What to do about a stop-reason record at reconciliation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntentAction {
+    /// Nothing to settle (no record, or a confirmed one).
+    Keep,
+    /// The container still runs: finish the stop this intent began.
+    Finish(StopRecord),
+    /// The container stopped after the intent: confirm with its `FinishedAt`.
+    Confirm(StopRecord),
+    /// The intent cannot be matched to a stop (container gone, or stopped
+    /// before the intent): forget it.
+    Drop,
+    /// The engine cannot be asked now; settle later.
+    Later,
+}
+
+/// Decides what to do about a stop record given the engine's view.
+pub fn settle_intent(record: Option<&StopRecord>, view: &EngineView) -> IntentAction {
+    let Some(record) = record.filter(|r| !r.confirmed) else {
+        return IntentAction::Keep;
+    };
+    match view {
+        EngineView::Unknown(_) => IntentAction::Later,
+        EngineView::Missing => IntentAction::Drop,
+        EngineView::Present(info) if info.state.is_up() => IntentAction::Finish(record.clone()),
+        EngineView::Present(info) => match info.finished_at {
+            Some(finished)
+                if finished >= record.begun_at - ChronoDuration::milliseconds(INTENT_SLACK_MS) =>
+            {
+                IntentAction::Confirm(record.confirm(Some(finished)))
+            }
+            _ => IntentAction::Drop,
+        },
+    }
+}
+
+/// The label filters that select this broker's containers.
+pub fn our_labels(config: &BrokerConfig) -> Vec<String> {
+    let mut labels = vec![LABEL_COMPUTER.to_owned()];
+    labels.extend(
+        config
+            .container_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    labels
+}
+
+/// Containers labelled as ours that no record knows. Each is logged.
+pub async fn find_orphans(
+    engine: &dyn Engine,
+    config: &BrokerConfig,
+    known: &HashSet<Uuid>,
+) -> Result<Vec<Orphan>, EngineError> {
+    let listed = engine.list(&our_labels(config)).await?;
+    let mut orphans = Vec::new();
+    for c in listed {
+        let computer = c.labels.get(LABEL_COMPUTER).cloned().unwrap_or_default();
+        let ours = Uuid::parse_str(&computer).is_ok_and(|id| known.contains(&id));
+        if ours {
+            continue;
+        }
+        tracing::warn!(
+            container = %c.name,
+            computer = %computer,
+            state = %c.state,
+            "container labelled as a Dormouse computer has no record here; leaving it alone"
+        );
+        orphans.push(Orphan {
+            container: c.name,
+            computer,
+            owner: c.labels.get(LABEL_OWNER).cloned(),
+            state: c.state.to_string(),
+        });
+    }
+    Ok(orphans)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use dormouse_protocol::api::StopReason;
+
+    use super::*;
+    use crate::engine::{Hardening, Limits, RunState};
+
+    fn info(state: RunState, finished_at: Option<chrono::DateTime<Utc>>) -> EngineView {
+        EngineView::Present(Box::new(ContainerInfo {
+            id: "c".into(),
+            name: "n".into(),
+            image: "i".into(),
+            hostname: "h".into(),
+            labels: Default::default(),
+            state,
+            started_at: None,
+            finished_at,
+            exit_code: Some(0),
+            oom_killed: false,
+            mounts: vec![],
+            networks: vec![],
+            published_ports: false,
+            hardening: Hardening {
+                network_mode: "none".into(),
+                cap_add: vec![],
+                cap_drop: vec![],
+                security_opt: vec![],
+                ipc_mode: String::new(),
+                cgroupns_mode: String::new(),
+                privileged: false,
+                publish_all_ports: false,
+                restart_policy: String::new(),
+                init: false,
+            },
+            limits: Limits {
+                nano_cpus: 0,
+                memory: 0,
+                memory_swap: 0,
+                pids_limit: 0,
+            },
+        }))
+    }
+
+    #[test]
+    fn intents_are_settled_by_what_the_engine_says() {
+        let begun = Utc::now();
+        let intent = StopRecord::intent(StopReason::Idle, begun);
+        assert_eq!(
+            settle_intent(Some(&intent), &info(RunState::Running, None)),
+            IntentAction::Finish(intent.clone())
+        );
+        let after = begun + ChronoDuration::seconds(3);
+        assert_eq!(
+            settle_intent(Some(&intent), &info(RunState::Exited, Some(after))),
+            IntentAction::Confirm(intent.confirm(Some(after)))
+        );
+        let long_before = begun - ChronoDuration::hours(1);
+        assert_eq!(
+            settle_intent(Some(&intent), &info(RunState::Exited, Some(long_before))),
+            IntentAction::Drop
+        );
+        assert_eq!(
+            settle_intent(Some(&intent), &info(RunState::Exited, None)),
+            IntentAction::Drop
+        );
+        assert_eq!(
+            settle_intent(Some(&intent), &EngineView::Missing),
+            IntentAction::Drop
+        );
+        assert_eq!(
+            settle_intent(Some(&intent), &EngineView::Unknown("down".into())),
+            IntentAction::Later
+        );
+    }
+
+    #[test]
+    fn confirmed_records_and_no_record_are_kept() {
+        let t = Utc::now();
+        let confirmed = StopRecord::intent(StopReason::Manual, t).confirm(Some(t));
+        assert_eq!(
+            settle_intent(Some(&confirmed), &info(RunState::Running, None)),
+            IntentAction::Keep
+        );
+        assert_eq!(
+            settle_intent(None, &info(RunState::Running, None)),
+            IntentAction::Keep
+        );
+    }
+}
