@@ -451,22 +451,10 @@ fn is_rfb_banner(b: &[u8; 12]) -> bool {
 
 /// The links the preparation makes, and where each must point.
 pub fn expected_links(config: &Config) -> Vec<(PathBuf, PathBuf)> {
-    let profiles = config.profiles_root();
-    vec![
-        (
-            config.home.join(".config/google-chrome"),
-            profiles.join("google-chrome"),
-        ),
-        (
-            config.home.join(".config/chromium"),
-            profiles.join("chromium"),
-        ),
-        (config.home.join(".mozilla"), profiles.join("mozilla")),
-        (
-            config.home.join(".local"),
-            config.workspace.join(".desktop-apps/local"),
-        ),
-    ]
+    crate::prepare::profiles::links(config)
+        .into_iter()
+        .map(|l| (l.link, l.target))
+        .collect()
 }
 
 /// Every profile link is a symlink to its place in the workspace, and that
@@ -678,30 +666,10 @@ fn identity_check(config: &Config, reported: Option<&ContainerStartIdentity>) ->
     }
 }
 
-/// A fresh reading of the container-start identity.
+/// A fresh reading of the container-start identity, exactly as the
+/// supervisor made the one it reports (also under `--pid=host`).
 fn fresh_identity(config: &Config) -> Result<ContainerStartIdentity, String> {
-    use std::os::unix::fs::MetadataExt as _;
-    let proc_root = &config.proc_root;
-    let read =
-        |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()));
-    let boot_id = read(proc_root.join("sys/kernel/random/boot_id"))?
-        .trim()
-        .to_owned();
-    let ns = proc_root.join("self/ns/pid");
-    let pid_ns_inode = std::fs::metadata(&ns)
-        .map_err(|e| format!("{}: {e}", ns.display()))?
-        .ino();
-    let stat = read(proc_root.join("1/stat"))?;
-    let pid1_start_time = stat
-        .rfind(')')
-        .and_then(|close| stat[close + 1..].split_whitespace().nth(22 - 3))
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(|| "no start time in field 22 of 1/stat".to_owned())?;
-    Ok(ContainerStartIdentity {
-        boot_id,
-        pid_ns_inode,
-        pid1_start_time,
-    })
+    crate::identity::read(config).map_err(|e| e.to_string())
 }
 
 fn services_check(services: &[ServiceState]) -> Check {

@@ -1,0 +1,210 @@
+//! Benchmark, not a test: `docker start` → `ready` seen on the guest socket,
+//! over repeated stop/start and kill/start cycles, beside the bare `docker
+//! start` of a trivial container (same image, same flags, `/bin/true`)
+//! measured in the same run, interleaved so both see the same load.
+//!
+//! Run through `scripts/bench-ready [--cycles N]`. Uses the image of the
+//! real-engine tests (`DORMOUSE_TEST_IMAGE`, default `dormouse/desktop:latest`;
+//! `DORMOUSE_SUPERVISOR_BIN` bind-mounts another supervisor build).
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use dormouse_e2e::docker_ok;
+use dormouse_protocol::{Request, Response};
+use support::{Desktop, SocketWaiter};
+use tokio::time::Instant;
+
+/// How one desktop cycle went.
+#[derive(Debug, Clone, Copy)]
+struct Cycle {
+    /// `docker start` invoked → `ready` pushed on the socket.
+    ready: Duration,
+    /// `docker start` invoked → the CLI returned.
+    cli: Duration,
+    /// `docker start` invoked → the socket accepted a connection.
+    socket: Duration,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cycles = parse_cycles();
+    let Some(desktop) = Desktop::create("bench-ready") else {
+        std::process::exit(2);
+    };
+    let Some(trivial) = Desktop::create_trivial("bench-ready") else {
+        std::process::exit(2);
+    };
+    eprintln!(
+        "[bench-ready] {cycles} stop/start and {cycles} kill/start cycles of {}, floor from {}",
+        desktop.name(),
+        trivial.name()
+    );
+
+    // The first start warms caches (page cache, fonts); it is not counted.
+    let warm = start_until_ready(&desktop).await;
+    eprintln!(
+        "[bench-ready] first start (not counted): {}",
+        ms(warm.ready)
+    );
+    let mut floor = Vec::new();
+    let mut stop_start = Vec::new();
+    let mut kill_start = Vec::new();
+    for i in 0..cycles {
+        floor.push(bare_start(&trivial));
+        docker_ok(&["stop", desktop.name()]);
+        let c = start_until_ready(&desktop).await;
+        eprintln!(
+            "[bench-ready] stop/start {i}: ready {} (cli {})",
+            ms(c.ready),
+            ms(c.cli)
+        );
+        stop_start.push(c);
+
+        floor.push(bare_start(&trivial));
+        docker_ok(&["kill", "-s", "KILL", desktop.name()]);
+        docker_ok(&["wait", desktop.name()]);
+        let c = start_until_ready(&desktop).await;
+        eprintln!(
+            "[bench-ready] kill/start {i}: ready {} (cli {})",
+            ms(c.ready),
+            ms(c.cli)
+        );
+        kill_start.push(c);
+    }
+
+    let (shot_ms, shot_bytes) = screenshot(&desktop).await;
+    let rss = docker_ok(&[
+        "exec",
+        desktop.name(),
+        "sh",
+        "-c",
+        "grep -E '^(VmRSS|VmHWM)' /proc/1/status | tr -s ' \\t' ' ' | tr '\\n' ' '",
+    ]);
+
+    println!();
+    println!("docker start -> ready on the guest socket ({cycles} cycles each)");
+    println!("{:<40} {:>8} {:>8} {:>8}", "", "p50", "p95", "max");
+    row("floor: docker start of /bin/true", &floor);
+    let all: Vec<Cycle> = stop_start.iter().chain(&kill_start).copied().collect();
+    row(
+        "stop/start: ready",
+        &stop_start.iter().map(|c| c.ready).collect::<Vec<_>>(),
+    );
+    row(
+        "kill/start: ready",
+        &kill_start.iter().map(|c| c.ready).collect::<Vec<_>>(),
+    );
+    row(
+        "all: docker start CLI returned",
+        &all.iter().map(|c| c.cli).collect::<Vec<_>>(),
+    );
+    row(
+        "all: socket accepting",
+        &all.iter().map(|c| c.socket).collect::<Vec<_>>(),
+    );
+    row(
+        "all: ready",
+        &all.iter().map(|c| c.ready).collect::<Vec<_>>(),
+    );
+    let p50_ready = percentile(&all.iter().map(|c| c.ready).collect::<Vec<_>>(), 50);
+    let p50_floor = percentile(&floor, 50);
+    println!(
+        "p50 ready - p50 floor = {} (target: at most 250 ms)",
+        ms(p50_ready.saturating_sub(p50_floor))
+    );
+    println!("screenshot over the socket: {shot_ms} ms, {shot_bytes} B PNG");
+    println!("supervisor (PID 1) memory: {rss}");
+}
+
+fn parse_cycles() -> usize {
+    let mut args = std::env::args().skip(1);
+    let mut cycles = 10;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--cycles" => {
+                cycles = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| usage());
+            }
+            _ => usage(),
+        }
+    }
+    cycles
+}
+
+fn usage() -> ! {
+    eprintln!("usage: bench-ready [--cycles N]");
+    std::process::exit(64)
+}
+
+/// Starts the desktop and waits, without polling, until `ready` is pushed.
+async fn start_until_ready(desktop: &Desktop) -> Cycle {
+    let waiter = SocketWaiter::new(desktop.run_dir.path());
+    let started = Instant::now();
+    let mut cli = tokio::process::Command::new("docker")
+        .args(["start", desktop.name()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli_done = tokio::spawn(async move {
+        let status = cli.wait().await.unwrap();
+        assert!(status.success(), "docker start failed");
+        started.elapsed()
+    });
+    let mut client = waiter.connect(&desktop.socket(), desktop).await;
+    let socket = started.elapsed();
+    client.watch_until_ready(desktop).await;
+    let ready = started.elapsed();
+    Cycle {
+        ready,
+        cli: cli_done.await.unwrap(),
+        socket,
+    }
+}
+
+/// `docker start` of the trivial container: the engine's own floor.
+fn bare_start(trivial: &Desktop) -> Duration {
+    docker_ok(&["wait", trivial.name()]);
+    let started = std::time::Instant::now();
+    docker_ok(&["start", trivial.name()]);
+    started.elapsed()
+}
+
+async fn screenshot(desktop: &Desktop) -> (u128, usize) {
+    let mut client = support::Client::connect(&desktop.socket()).await;
+    let started = Instant::now();
+    let frame = client.ask(&Request::Screenshot).await;
+    let took = started.elapsed().as_millis();
+    match frame.message {
+        Response::Screenshot { .. } => (took, frame.payload.len()),
+        other => panic!("screenshot answered {other:?}"),
+    }
+}
+
+fn percentile(values: &[Duration], p: usize) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    // Nearest rank.
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn row(label: &str, values: &[Duration]) {
+    println!(
+        "{label:<40} {:>8} {:>8} {:>8}",
+        ms(percentile(values, 50)),
+        ms(percentile(values, 95)),
+        ms(values.iter().copied().max().unwrap_or_default())
+    );
+}
+
+fn ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
