@@ -285,7 +285,10 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         ),
         ..Default::default()
     };
+    let command = (!spec.command.is_empty()).then(|| spec.command.clone());
     ContainerCreateBody {
+        entrypoint: command,
+        cmd: (!spec.command.is_empty()).then(Vec::new),
         image: Some(spec.image.clone()),
         hostname: Some(spec.hostname.clone()),
         labels: Some(spec.labels.clone().into_iter().collect()),

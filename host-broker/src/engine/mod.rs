@@ -183,6 +183,10 @@ pub struct ContainerSpec {
     pub hardening: Hardening,
     /// Resource limits.
     pub limits: Limits,
+    /// Replaces the image's entrypoint and command when not empty. Desktops
+    /// leave it empty: the image's entrypoint is the supervisor (PID 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
 }
 
 /// The run state the engine reports.

@@ -181,6 +181,7 @@ pub fn container_spec(
             memory_swap: limits.memory_bytes,
             pids_limit: limits.pids,
         },
+        command: Vec::new(),
     }
 }
 

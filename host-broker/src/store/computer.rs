@@ -184,6 +184,7 @@ pub(crate) mod tests {
                     memory_swap: 2,
                     pids_limit: 3,
                 },
+                command: vec![],
             },
         }
     }

@@ -1,0 +1,430 @@
+//! The broker against the real Docker engine: the bollard adapter, and the
+//! whole lifecycle with the real desktop image (create → ready → stop →
+//! start → ready), hardening as `docker inspect` shows it, and the engine's
+//! own event log proving a resume is a plain `start`.
+//!
+//! Tests skip visibly without an engine or image, and fail under `CI=true`.
+
+#![allow(clippy::unwrap_used)]
+
+mod engine_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dormouse_broker::engine::docker::DockerEngine;
+use dormouse_broker::engine::{BindMount, ContainerSpec, Engine, RunState};
+use dormouse_broker::lifecycle::{create, resume};
+use dormouse_broker::metrics::Metrics;
+use dormouse_broker::owner;
+use dormouse_broker::store::{computer::RECORD_SCHEMA, ComputerRecord, Paths};
+use dormouse_broker::BrokerError;
+use dormouse_e2e::{desktop_image, docker_available, docker_ok, TempDir};
+use dormouse_protocol::api::{ContainerState, CreateComputer, StopReason};
+use engine_support::{broker_config, engine_events, engine_now, log, RunGuard};
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+/// Image for the adapter test: any image with `sleep` will do.
+fn plain_image(test: &str) -> Option<String> {
+    let image = std::env::var("DORMOUSE_PLAIN_IMAGE")
+        .unwrap_or_else(|_| "dormouse/desktop-packages:prewarm".into());
+    let out = dormouse_e2e::docker(&["image", "inspect", "--format", "{{.Id}}", &image]);
+    if out.status.success() {
+        return Some(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: image {image} is missing and CI=true");
+    }
+    eprintln!("SKIPPED {test}: image {image} missing");
+    None
+}
+
+fn inspect(name: &str, format: &str) -> String {
+    docker_ok(&["inspect", "--format", format, name])
+}
+
+#[tokio::test]
+async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks() {
+    let test = "the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image_id) = plain_image(test) else {
+        return;
+    };
+    log();
+    let guard = RunGuard::new("dm-adapter");
+    let data = TempDir::new("dm-adapter");
+    let paths = Paths::new(data.path());
+    let engine = DockerEngine::connect().await.unwrap();
+    let config = broker_config(data.path(), &image_id, &guard);
+    let id = Uuid::new_v4();
+    create::prepare_dirs(&paths, id, None).unwrap();
+    let mut spec = create::container_spec(&config, &paths, id, "tester", &image_id);
+    spec.command = vec!["sleep".into(), "infinity".into()];
+    let record = ComputerRecord {
+        schema: RECORD_SCHEMA,
+        id,
+        name: "adapter".into(),
+        owner: "tester".into(),
+        image_id: image_id.clone(),
+        generation: 0,
+        lease: None,
+        workspace: paths.workspace(id),
+        idle_timeout_ms: None,
+        created_at: chrono::Utc::now(),
+        spec: spec.clone(),
+    };
+
+    let image = engine.image(&image_id).await.unwrap().unwrap();
+    assert_eq!(image.id, image_id);
+    assert!(engine
+        .image("dormouse/no-such-image:x")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(engine.inspect(&spec.name).await.unwrap().is_none());
+
+    let mut events = engine.events(&[format!("{}={}", engine_support::RUN_LABEL, guard.run)]);
+    let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(event)) = events.next().await {
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    // The subscription is made when the stream is first polled.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    engine.create(&spec).await.unwrap();
+    assert!(matches!(
+        engine.create(&spec).await,
+        Err(dormouse_broker::engine::EngineError::Conflict(_))
+    ));
+    let created = engine.inspect(&spec.name).await.unwrap().unwrap();
+    assert_eq!(created.state, RunState::Created);
+    engine.start(&spec.name).await.unwrap();
+    engine.start(&spec.name).await.unwrap(); // already running: fine
+
+    let info = engine.inspect(&spec.name).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Running);
+    assert_eq!(info.image, image_id);
+    assert_eq!(info.hostname, spec.hostname);
+    assert_eq!(info.networks, vec!["none".to_string()]);
+    assert!(!info.published_ports);
+    assert_eq!(info.hardening.normalized(), spec.hardening.normalized());
+    assert_eq!(info.limits, spec.limits);
+    assert_eq!(info.mounts.len(), 2);
+    assert!(info.started_at.is_some());
+    assert_eq!(
+        resume::check(&record, Some(&info), Some(true)),
+        Err(resume::Refusal::Running)
+    );
+
+    // `sleep` as PID 1 ignores SIGTERM: the engine kills it after the timeout.
+    engine
+        .stop(&spec.name, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let stopped = engine.inspect(&spec.name).await.unwrap().unwrap();
+    assert_eq!(stopped.state, RunState::Exited);
+    assert_eq!(
+        stopped.exit_code,
+        Some(137),
+        "{}",
+        inspect(&spec.name, "{{json .State}} {{json .Path}} {{json .Args}}")
+    );
+    assert!(stopped.finished_at.is_some());
+    assert!(!stopped.oom_killed);
+    // What the real engine stores passes the resume checks: our
+    // normalisation matches Docker's.
+    assert_eq!(resume::check(&record, Some(&stopped), Some(true)), Ok(()));
+    engine
+        .stop(&spec.name, Duration::from_secs(1))
+        .await
+        .unwrap(); // stopped: fine
+
+    let listed = engine
+        .list(&[format!("{}={}", engine_support::RUN_LABEL, guard.run)])
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].name, spec.name);
+    assert_eq!(listed[0].state, RunState::Exited);
+
+    engine.start(&spec.name).await.unwrap();
+    engine.kill(&spec.name, "SIGKILL").await.unwrap();
+    let killed = engine.inspect(&spec.name).await.unwrap().unwrap();
+    assert_eq!(killed.exit_code, Some(137));
+    assert_ne!(killed.finished_at, stopped.finished_at);
+
+    engine.remove(&spec.name).await.unwrap();
+    assert!(engine.inspect(&spec.name).await.unwrap().is_none());
+    assert!(
+        paths.workspace(id).is_dir(),
+        "the engine never touches bind sources"
+    );
+
+    let mut actions = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await {
+        assert_eq!(event.name, spec.name);
+        assert_eq!(
+            event.labels.get(dormouse_protocol::LABEL_COMPUTER),
+            Some(&id.to_string())
+        );
+        actions.push(event.action);
+        if actions.last().map(String::as_str) == Some("destroy") {
+            break;
+        }
+    }
+    for wanted in ["create", "start", "die", "stop", "kill", "destroy"] {
+        assert!(
+            actions.iter().any(|a| a == wanted),
+            "{wanted} missing in {actions:?}"
+        );
+    }
+    drop(guard);
+}
+
+#[tokio::test]
+async fn a_changed_container_is_not_resumable_on_the_real_engine() {
+    let test = "a_changed_container_is_not_resumable_on_the_real_engine";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image_id) = plain_image(test) else {
+        return;
+    };
+    let guard = RunGuard::new("dm-changed");
+    let data = TempDir::new("dm-changed");
+    let paths = Paths::new(data.path());
+    let engine = DockerEngine::connect().await.unwrap();
+    let config = broker_config(data.path(), &image_id, &guard);
+    let id = Uuid::new_v4();
+    create::prepare_dirs(&paths, id, None).unwrap();
+    let mut spec: ContainerSpec = create::container_spec(&config, &paths, id, "tester", &image_id);
+    spec.command = vec!["sleep".into(), "infinity".into()];
+    // Someone recreated it with an extra capability and a host mount.
+    let mut tampered = spec.clone();
+    tampered.hardening.cap_add.push("NET_ADMIN".into());
+    tampered.mounts.push(BindMount {
+        source: data.path().to_owned(),
+        target: "/host".into(),
+        read_only: false,
+    });
+    engine.create(&tampered).await.unwrap();
+    let record = ComputerRecord {
+        schema: RECORD_SCHEMA,
+        id,
+        name: "changed".into(),
+        owner: "tester".into(),
+        image_id: image_id.clone(),
+        generation: 0,
+        lease: None,
+        workspace: paths.workspace(id),
+        idle_timeout_ms: None,
+        created_at: chrono::Utc::now(),
+        spec,
+    };
+    let info = engine.inspect(&record.spec.name).await.unwrap().unwrap();
+    let refusal = resume::check(&record, Some(&info), Some(true)).unwrap_err();
+    assert!(
+        refusal.message().contains("cap_add"),
+        "{}",
+        refusal.message()
+    );
+    drop(guard);
+}
+
+/// The whole lifecycle with the real desktop image.
+#[tokio::test]
+async fn create_ready_stop_start_ready_with_the_real_image() {
+    let test = "create_ready_stop_start_ready_with_the_real_image";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image) = desktop_image(test) else {
+        return;
+    };
+    log();
+    let guard = RunGuard::new("dm-life");
+    let data = TempDir::new("dm-life");
+    let engine: Arc<dyn Engine> = Arc::new(DockerEngine::connect().await.unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let config = broker_config(data.path(), &image, &guard);
+    let limits = config.limits.clone();
+    let (broker, core) = owner::spawn(config, engine, metrics.clone()).await.unwrap();
+
+    let t = Instant::now();
+    let created = broker.create(CreateComputer::default()).await.unwrap();
+    eprintln!("create → ready: {} ms", t.elapsed().as_millis());
+    assert!(created.ready, "{created:?}");
+    assert_eq!(created.image_id, image);
+    let id = created.id;
+    let name = format!("dormouse-{id}");
+    let paths = Paths::new(data.path());
+
+    // Hardening, as the engine itself reports it.
+    assert_eq!(inspect(&name, "{{.HostConfig.NetworkMode}}"), "none");
+    assert_eq!(inspect(&name, "{{json .HostConfig.CapDrop}}"), r#"["ALL"]"#);
+    let cap_add = inspect(&name, "{{json .HostConfig.CapAdd}}");
+    for cap in create::SUPERVISOR_CAPABILITIES {
+        assert!(cap_add.contains(cap), "{cap} missing in {cap_add}");
+    }
+    let caps: Vec<String> = serde_json::from_str(&cap_add).unwrap();
+    assert_eq!(
+        caps.len(),
+        create::SUPERVISOR_CAPABILITIES.len(),
+        "{cap_add}"
+    );
+    assert!(inspect(&name, "{{json .HostConfig.SecurityOpt}}").contains("no-new-privileges"));
+    assert_eq!(inspect(&name, "{{.HostConfig.IpcMode}}"), "private");
+    assert_eq!(inspect(&name, "{{.HostConfig.CgroupnsMode}}"), "private");
+    assert_eq!(inspect(&name, "{{.HostConfig.Privileged}}"), "false");
+    assert_eq!(inspect(&name, "{{.HostConfig.RestartPolicy.Name}}"), "no");
+    assert_eq!(inspect(&name, "{{json .HostConfig.PortBindings}}"), "{}");
+    assert_eq!(inspect(&name, "{{json .NetworkSettings.Ports}}"), "{}");
+    assert_eq!(
+        inspect(&name, "{{.HostConfig.NanoCpus}}"),
+        ((limits.cpus * 1e9) as i64).to_string()
+    );
+    assert_eq!(
+        inspect(&name, "{{.HostConfig.Memory}}"),
+        limits.memory_bytes.to_string()
+    );
+    assert_eq!(
+        inspect(&name, "{{.HostConfig.MemorySwap}}"),
+        limits.memory_bytes.to_string()
+    );
+    assert_eq!(
+        inspect(&name, "{{.HostConfig.PidsLimit}}"),
+        limits.pids.to_string()
+    );
+    assert_eq!(
+        inspect(&name, "{{.Config.Hostname}}"),
+        format!("desk-{}", &id.simple().to_string()[..8])
+    );
+    let mounts = inspect(
+        &name,
+        "{{range .Mounts}}{{.Type}} {{.Source}} {{.Destination}} {{.RW}};{{end}}",
+    );
+    let mut mounts: Vec<&str> = mounts.split(';').filter(|m| !m.is_empty()).collect();
+    mounts.sort();
+    assert_eq!(
+        mounts,
+        vec![
+            format!(
+                "bind {} /home/desk/workspace true",
+                paths.workspace(id).display()
+            )
+            .as_str(),
+            format!("bind {} /run/dormouse true", paths.run_dir(id).display()).as_str(),
+        ]
+    );
+    assert!(!inspect(&name, "{{json .Mounts}}").contains("docker.sock"));
+    assert_eq!(
+        inspect(&name, "{{index .Config.Labels \"dev.dormouse.computer\"}}"),
+        id.to_string()
+    );
+
+    // A marker in the workspace, written as the desk user.
+    docker_ok(&[
+        "exec",
+        "-u",
+        "1000",
+        &name,
+        "sh",
+        "-c",
+        "echo kept > /home/desk/workspace/marker",
+    ]);
+
+    let stopped = broker.stop(id, None).await.unwrap();
+    assert_eq!(stopped.container, ContainerState::Stopped);
+    assert_eq!(stopped.stop_reason, Some(StopReason::Manual));
+    assert!(stopped.resumable, "{:?}", stopped.resumable_problem);
+
+    let since = engine_now();
+    let t = Instant::now();
+    let resumed = broker.start(id, None).await.unwrap();
+    let ms = t.elapsed().as_millis();
+    eprintln!("resume → ready as seen by the broker: {ms} ms");
+    let until = engine_now();
+    assert!(resumed.ready);
+    assert_eq!(resumed.stop_reason, None);
+    let actions: Vec<String> = engine_events(&guard, &since, &until)
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    assert!(actions.iter().any(|a| a == "start"), "{actions:?}");
+    for banned in ["create", "destroy", "remove"] {
+        assert!(
+            !actions.iter().any(|a| a == banned),
+            "{banned} in {actions:?}"
+        );
+    }
+    assert_eq!(
+        docker_ok(&["exec", &name, "cat", "/home/desk/workspace/marker"]),
+        "kept"
+    );
+    let png = broker.screenshot(id).await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+
+    broker.remove(id, true, None).await.unwrap();
+    assert!(!paths.computer_dir(id).exists());
+    drop(broker);
+    core.await.unwrap();
+    drop(guard);
+}
+
+#[tokio::test]
+async fn a_symlink_planted_at_the_socket_path_is_refused() {
+    let test = "a_symlink_planted_at_the_socket_path_is_refused";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image) = desktop_image(test) else {
+        return;
+    };
+    log();
+    let guard = RunGuard::new("dm-symlink");
+    let data = TempDir::new("dm-symlink");
+    let engine: Arc<dyn Engine> = Arc::new(DockerEngine::connect().await.unwrap());
+    let config = broker_config(data.path(), &image, &guard);
+    let (broker, _core) = owner::spawn(config, engine, Arc::new(Metrics::default()))
+        .await
+        .unwrap();
+    let id = broker.create(CreateComputer::default()).await.unwrap().id;
+    let paths = Paths::new(data.path());
+    let socket = paths.socket(id);
+    // The guest (root in its container) swaps the socket for a symlink to a
+    // host socket.
+    let decoy_dir = TempDir::new("dm-decoy");
+    let decoy = decoy_dir.path().join("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&decoy).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let name = format!("dormouse-{id}");
+    docker_ok(&[
+        "exec", &name, "sh", "-c",
+        "mv /run/dormouse/supervisor.sock /run/dormouse/real.sock && ln -s /decoy/host.sock /run/dormouse/supervisor.sock",
+    ]);
+    // Point the in-guest symlink at the decoy as the host sees it.
+    std::fs::remove_file(&socket).unwrap();
+    std::os::unix::fs::symlink(&decoy, &socket).unwrap();
+    let err = broker.screenshot(id).await.unwrap_err();
+    assert!(
+        matches!(&err, BrokerError::Guest(m) if m.contains("symlink")),
+        "{err}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the decoy was never connected to"
+    );
+    let status = broker.get(id).await.unwrap();
+    assert_eq!(
+        status.container,
+        ContainerState::Running,
+        "the broker and desktop carry on"
+    );
+    drop(guard);
+}
