@@ -16,6 +16,7 @@ use dormouse_protocol::api::{
 use super::error::ApiError;
 use super::extract::{ComputerId, Generation, JsonBody, RemoveQuery};
 use super::ApiState;
+use crate::reconcile::Orphan;
 
 /// Longest name, owner key or lease holder accepted.
 const MAX_LABEL_LEN: usize = 256;
@@ -133,6 +134,13 @@ pub async fn lease(
         return Err(ApiError::bad_request("ttl_ms must be greater than 0"));
     }
     Ok(Json(state.broker.lease(id, req).await?))
+}
+
+/// `GET /v1/orphans`: containers labelled as Dormouse computers that this
+/// broker has no record of. Reported so an operator can decide; the broker
+/// never removes them.
+pub async fn orphans(State(state): State<ApiState>) -> Result<Json<Vec<Orphan>>, ApiError> {
+    Ok(Json(state.broker.orphans().await?))
 }
 
 /// A name-like field: non-empty, bounded, printable.

@@ -126,6 +126,7 @@ impl Routes {
             .add(Token, Method::GET, "/metrics", metrics)
             .add(Token, Method::GET, "/v1/openapi.json", openapi)
             .add(Token, Method::GET, "/v1/events", events::events)
+            .add(Token, Method::GET, "/v1/orphans", computers::orphans)
             .add(Token, Method::POST, "/v1/computers", computers::create)
             .add(Token, Method::GET, "/v1/computers", computers::list)
             .add(Token, Method::GET, "/v1/computers/{id}", computers::get)

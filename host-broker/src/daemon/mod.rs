@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, ApiState, ApiToken};
 use crate::command::BrokerHandle;
 use crate::config::{BrokerConfig, ResourceLimits};
+use crate::engine::docker::DockerEngine;
 use crate::metrics::Metrics;
+use crate::owner;
 pub use listen::{Activation, ApiListener, ListenAddr};
 pub use logging::LogFormat;
 
@@ -33,6 +35,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How long the core gets to wind down after the API stopped.
 const CORE_GRACE: Duration = Duration::from_secs(5);
+
+/// How long blocking tasks get once `run` has returned.
+const RUNTIME_GRACE: Duration = Duration::from_secs(1);
 
 /// Flags of `dormoused`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -81,6 +86,10 @@ pub struct DaemonArgs {
     /// How long a start waits for the guest supervisor before reporting.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
+    /// Extra label for every new container, KEY=VALUE (repeatable). The broker
+    /// then also watches and reports only containers that carry it.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -112,6 +121,7 @@ impl DaemonArgs {
         config.quiesce_timeout = self.quiesce_timeout;
         config.stop_timeout = self.stop_timeout;
         config.ready_timeout = self.ready_timeout;
+        config.container_labels = self.labels.iter().cloned().collect();
         config
     }
 }
@@ -184,7 +194,11 @@ pub fn main(args: DaemonArgs) -> Result<(), DaemonError> {
         .thread_name("dormoused")
         .build()
         .map_err(DaemonError::Runtime)?;
-    runtime.block_on(run(args, activation))
+    let outcome = runtime.block_on(run(args, activation));
+    // Blocking work still queued (a file write of the core, say) gets a
+    // moment; the process must not hang on it after the API has drained.
+    runtime.shutdown_timeout(RUNTIME_GRACE);
+    outcome
 }
 
 /// The daemon on an existing runtime; `activation` are systemd's sockets.
@@ -265,7 +279,12 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     // The router held the last handles; give the core a moment to finish
     // what it was doing so its records are written.
     if !core.is_finished() && tokio::time::timeout(CORE_GRACE, &mut core).await.is_err() {
+        tracing::warn!("the broker core did not finish within {CORE_GRACE:?}; leaving it");
         core.abort();
+    }
+    match &outcome {
+        Ok(()) => tracing::info!("dormoused stopped"),
+        Err(e) => tracing::error!(error = %e, "dormoused stopped with an error"),
     }
     outcome
 }
@@ -289,10 +308,12 @@ async fn spawn_core(
     config: BrokerConfig,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>), DaemonError> {
-    let _ = (config, metrics);
-    Err(DaemonError::Core(
-        "the broker core is not part of this build yet".into(),
-    ))
+    let engine = DockerEngine::connect()
+        .await
+        .map_err(|e| DaemonError::Engine(e.to_string()))?;
+    owner::spawn(config, Arc::new(engine), metrics)
+        .await
+        .map_err(|e| DaemonError::Core(e.to_string()))
 }
 
 async fn serve(
@@ -331,7 +352,29 @@ fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     if d < Duration::from_secs(1) {
         return Err(format!("{s:?} is shorter than one second"));
     }
+    if d > Duration::from_secs(366 * 24 * 3600) {
+        return Err(format!("{s:?} is longer than 366 days"));
+    }
     Ok(d)
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    let key_ok = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+    if !key_ok {
+        return Err(format!(
+            "{key:?} is not a label key (letters, digits, . _ - /)"
+        ));
+    }
+    if key.starts_with("dev.dormouse.") && key != "dev.dormouse.test" {
+        return Err(format!("{key:?} is reserved for the broker's own labels"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 fn parse_cpus(s: &str) -> Result<f64, String> {
@@ -405,6 +448,36 @@ mod tests {
         ])
         .expect("edges are allowed");
         assert_eq!(ok.idle_timeout, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn labels_parse() {
+        let args = DaemonArgs::try_parse_from([
+            "dormoused",
+            "--label",
+            "dev.dormouse.test=1",
+            "--label",
+            "team=a=b",
+        ])
+        .expect("labels");
+        let config = args.broker_config(PathBuf::from("/x"));
+        assert_eq!(
+            config
+                .container_labels
+                .get("dev.dormouse.test")
+                .map(String::as_str),
+            Some("1")
+        );
+        assert_eq!(
+            config.container_labels.get("team").map(String::as_str),
+            Some("a=b")
+        );
+        for bad in ["novalue", "=x", "dev.dormouse.computer=1", "a b=c"] {
+            assert!(
+                DaemonArgs::try_parse_from(["dormoused", "--label", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,401 @@
+//! The `dormoused` binary as systemd and an operator meet it: a private data
+//! directory and token, `READY=1` only once it serves, watchdog pings,
+//! SIGHUP re-reading the token, SIGTERM stopping cleanly, a unix socket and
+//! a systemd-passed socket, and refusals that exit with an error.
+//!
+//! The engine is a dead socket (`DOCKER_HOST` naming a socket file nobody
+//! listens on), so these tests need no Docker and touch no container: the
+//! broker must start and serve without an engine, answering 503 where one
+//! is needed.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A bound on hangs, not a speed claim.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    notifications: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("dormoused.log")).unwrap_or_default()
+    }
+
+    fn notified(&self) -> Vec<String> {
+        self.notifications.lock().expect("lock").clone()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dormoused did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_for(&self, what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !check() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A socket file nobody listens on: the engine is "down".
+fn dead_engine(dir: &Path) -> String {
+    let path = dir.join("engine.sock");
+    drop(UnixListener::bind(&path).expect("bind the dead engine socket"));
+    format!("unix://{}", path.display())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Starts dormoused with `args` (after `--data-dir`), a notify socket and,
+/// when `watchdog`, a watchdog interval. `wrap` runs it under another
+/// program (e.g. systemd-socket-activate).
+fn spawn(args: &[&str], watchdog: bool, wrap: &[&str]) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let notify_path = dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let notifications = Arc::new(Mutex::new(Vec::new()));
+    let sink = notifications.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match notify.recv(&mut buf) {
+                Ok(n) => sink
+                    .lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Arc::strong_count(&sink) == 1 {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let log = std::fs::File::create(dir.path().join("dormoused.log")).expect("log file");
+    let data_dir = dir.path().join("data");
+    let mut argv: Vec<std::ffi::OsString> = wrap.iter().map(Into::into).collect();
+    if !wrap.is_empty() {
+        // systemd-socket-activate passes only the variables it is told to.
+        for var in ["DOCKER_HOST", "NOTIFY_SOCKET"] {
+            argv.push("-E".into());
+            argv.push(var.into());
+        }
+    }
+    argv.push(env!("CARGO_BIN_EXE_dormoused").into());
+    argv.push("--data-dir".into());
+    argv.push(data_dir.into());
+    argv.extend(args.iter().map(Into::into));
+    let mut command = if watchdog {
+        // systemd sets WATCHDOG_PID to the daemon's own pid, which only a
+        // shell that execs into it knows in advance.
+        let mut c = Command::new("sh");
+        c.args(["-c", "WATCHDOG_PID=$$ exec \"$@\"", "sh"])
+            .args(&argv)
+            .env("WATCHDOG_USEC", "400000");
+        c
+    } else {
+        let mut c = Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    command
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .env_remove("WATCHDOG_PID")
+        .env_remove("RUST_LOG")
+        .env_remove("DORMOUSE_LOG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    let child = command.spawn().expect("spawn dormoused");
+    Daemon {
+        child,
+        dir,
+        notifications,
+    }
+}
+
+/// A plain HTTP/1.1 exchange; returns (status, body).
+fn http(
+    stream: &mut dyn ReadWrite,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: dormouse\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("read reply");
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+fn tcp(port: u16, method: &str, path: &str, token: Option<&str>) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(PATIENCE)).ok()?;
+    Some(http(&mut stream, method, path, token))
+}
+
+fn read_token(d: &Daemon) -> Option<String> {
+    std::fs::read_to_string(d.data_dir().join("token"))
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+}
+
+#[test]
+fn first_start_serves_notifies_reloads_and_stops_cleanly() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut d = spawn(&["--listen", &listen, "--image", "none"], true, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    // READY only once the API answers: a request now must succeed.
+    let (status, body) = tcp(port, "GET", "/healthz", None).expect("serving at READY");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let ready = d
+        .notified()
+        .into_iter()
+        .find(|m| m.contains("READY=1"))
+        .expect("ready");
+    assert!(
+        ready.contains(&format!("STATUS=serving on http://{listen}")),
+        "{ready}"
+    );
+
+    // A private data directory and token.
+    let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode(&d.data_dir()), 0o700);
+    assert_eq!(mode(&d.data_dir().join("token")), 0o600);
+    let token = read_token(&d).expect("token");
+    assert_eq!(token.len(), 64);
+    assert!(!d.log().contains(&token), "the token is never logged");
+
+    assert_eq!(
+        tcp(port, "GET", "/v1/computers", None).map(|r| r.0),
+        Some(401)
+    );
+    assert_eq!(
+        tcp(port, "GET", "/v1/computers", Some(&token)).map(|r| r.0),
+        Some(200)
+    );
+    // No engine: the broker keeps serving and says so.
+    assert_eq!(
+        tcp(port, "POST", "/v1/computers", Some(&token)).map(|r| r.0),
+        Some(503)
+    );
+
+    // The watchdog is pinged.
+    d.wait_for("watchdog pings", || {
+        d.notified()
+            .iter()
+            .filter(|m| m.contains("WATCHDOG=1"))
+            .count()
+            >= 3
+    });
+
+    // SIGHUP re-reads a rotated token.
+    let rotated = "f".repeat(64);
+    let path = d.data_dir().join("token");
+    std::fs::write(&path, format!("{rotated}\n")).expect("rotate");
+    d.signal("HUP");
+    d.wait_for("the rotated token", || {
+        tcp(port, "GET", "/v1/computers", Some(&rotated)).map(|r| r.0) == Some(200)
+    });
+    assert_eq!(
+        tcp(port, "GET", "/v1/computers", Some(&token)).map(|r| r.0),
+        Some(401)
+    );
+    assert!(d.notified().iter().any(|m| m.contains("RELOADING=1")));
+
+    // A token file others can read is refused on reload; the old one stays.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    std::fs::write(&path, format!("{}\n", "e".repeat(64))).expect("write");
+    d.signal("HUP");
+    d.wait_for("the refusal in the log", || {
+        d.log().contains("keeping the current token")
+    });
+    assert_eq!(
+        tcp(port, "GET", "/v1/computers", Some(&rotated)).map(|r| r.0),
+        Some(200)
+    );
+
+    d.signal("TERM");
+    let status = d.wait_exit();
+    assert_eq!(status.code(), Some(0), "clean stop; log:\n{}", d.log());
+    assert!(d.notified().iter().any(|m| m.contains("STOPPING=1")));
+    assert!(d.log().contains("desktops keep running"));
+}
+
+#[test]
+fn unix_socket_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("api.sock");
+    let listen = format!("unix:{}", socket.display());
+    let mut d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let meta = std::fs::symlink_metadata(&socket).expect("socket exists");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let token = read_token(&d).expect("token");
+    let mut stream = UnixStream::connect(&socket).expect("connect");
+    let (status, body) = http(&mut stream, "GET", "/v1/computers", Some(&token));
+    assert_eq!((status, body.trim()), (200, "[]"));
+    d.signal("TERM");
+    assert_eq!(d.wait_exit().code(), Some(0));
+    assert!(
+        !socket.exists(),
+        "the socket file is removed on a clean stop"
+    );
+}
+
+#[test]
+fn socket_activation() {
+    let Some(activate) = [
+        "/usr/bin/systemd-socket-activate",
+        "/bin/systemd-socket-activate",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists()) else {
+        eprintln!("SKIPPED: systemd-socket-activate is not installed (package systemd)");
+        return;
+    };
+    let port = free_port();
+    let activated = format!("127.0.0.1:{port}");
+    let ignored = format!("127.0.0.1:{}", free_port());
+    let mut d = spawn(
+        &["--listen", &ignored, "--image", "none"],
+        false,
+        &[activate, "-l", &activated],
+    );
+    // The first connection starts the broker; it is answered once it serves.
+    let mut answer = None;
+    d.wait_for("the activated socket", || {
+        answer = tcp(port, "GET", "/healthz", None);
+        answer.is_some()
+    });
+    assert_eq!(answer.map(|a| a.0), Some(200));
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    assert!(d.log().contains("socket_activated=true"), "{}", d.log());
+    assert!(tcp(
+        ignored
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port"),
+        "GET",
+        "/healthz",
+        None
+    )
+    .is_none());
+    d.signal("TERM");
+    assert_eq!(d.wait_exit().code(), Some(0));
+}
+
+#[test]
+fn refusals_exit_with_an_error() {
+    // Not loopback, no --allow-remote.
+    let mut d = spawn(&["--listen", "0.0.0.0:0", "--image", "none"], false, &[]);
+    let status = d.wait_exit();
+    assert_eq!(status.code(), Some(1));
+    assert!(d.log().contains("not a loopback address"), "{}", d.log());
+    assert!(!d.notified().iter().any(|m| m.contains("READY=1")));
+
+    // A token file others can read.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    let token = data.join("token");
+    std::fs::write(&token, "a".repeat(64)).expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("readable by its owner only"));
+
+    // Usage errors exit 2.
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .args(["--idle-timeout", "10ms"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(2));
+}
