@@ -601,9 +601,7 @@ impl Owner {
             _ => {
                 if event.action == "destroy" {
                     self.orphans.retain(|o| o.container != event.name);
-                } else if !self.orphans.iter().any(|o| o.container == event.name)
-                    && self.pending_creates == 0
-                {
+                } else if !self.orphans.iter().any(|o| o.container == event.name) {
                     // A container labelled as ours appeared without a record.
                     let computer = event
                         .labels
@@ -706,6 +704,8 @@ impl Owner {
         let Some(wait) = c.ready_wait.take() else {
             return;
         };
+        // The idle window starts once the desktop is usable.
+        c.idle.renew(Instant::now());
         let ms = u64::try_from(wait.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         if wait.resume {
             self.metrics.observe_resume(ms);
@@ -819,6 +819,17 @@ impl Owner {
         };
         self.dirty.insert(id);
         match (op.kind, outcome) {
+            (kind, Outcome::Running(Ok(info))) if !info.state.is_up() => {
+                let e = BrokerError::Guest(format!(
+                    "the container exited right after its start (exit code {})",
+                    info.exit_code.unwrap_or(-1)
+                ));
+                tracing::warn!(computer = %id, error = %e, "{} failed", kind.describe());
+                c.engine = EngineView::Present(Box::new(info));
+                c.last_up = false;
+                c.op_problem = Some(e.to_string());
+                answer_error(op.reply, e);
+            }
             (kind, Outcome::Running(Ok(info))) => {
                 c.engine = EngineView::Present(Box::new(info));
                 c.last_up = c.engine.is_up();
@@ -1463,8 +1474,10 @@ fn takeover_grace(config: &BrokerConfig) -> Duration {
     config.quiesce_timeout + config.stop_timeout + Duration::from_secs(10)
 }
 
+/// The idle timer looks at a desktop only when it runs, is not being
+/// changed and is not still booting (a slow boot is not idleness).
 fn idle_may_check(c: &Computer) -> bool {
-    c.op.is_none() && !c.idle_check && c.engine.is_up()
+    c.op.is_none() && c.ready_wait.is_none() && !c.idle_check && c.engine.is_up()
 }
 
 fn arm_idle(c: &mut Computer, now: Instant) {

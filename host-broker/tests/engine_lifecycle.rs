@@ -25,6 +25,14 @@ use engine_support::{broker_config, engine_events, engine_now, log, RunGuard};
 use futures_util::StreamExt;
 use uuid::Uuid;
 
+#[test]
+fn the_broker_grants_exactly_the_capabilities_the_supervisor_needs() {
+    assert_eq!(
+        create::SUPERVISOR_CAPABILITIES,
+        dormouse_supervisor::REQUIRED_CAPABILITIES
+    );
+}
+
 /// Image for the adapter test: any image with `sleep` will do.
 fn plain_image(test: &str) -> Option<String> {
     let image = std::env::var("DORMOUSE_PLAIN_IMAGE")
