@@ -17,7 +17,7 @@ use chrono::Utc;
 use dormouse_protocol::{
     Check, CheckStatus, ContainerStartIdentity, HealthReport, Phase, ServiceRunState, ServiceState,
 };
-use tokio::io::AsyncReadExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 use x11rb::rust_connection::RustConnection;
 
@@ -410,6 +410,11 @@ async fn vnc_check(config: &Config) -> Check {
     let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, config.vnc_port));
     let banner = tokio::time::timeout(bound, async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        // Speak first: libvncserver waits up to 100 ms for a client's first
+        // bytes to tell WebSocket from RFB before it sends its banner. Our
+        // own version string ends that wait at once, and a server that
+        // follows the protocol reads it as the answer to its banner.
+        stream.write_all(CLIENT_VERSION).await?;
         let mut banner = [0u8; 12];
         stream.read_exact(&mut banner).await?;
         Ok::<_, std::io::Error>(banner)
@@ -437,6 +442,9 @@ async fn vnc_check(config: &Config) -> Check {
         ),
     }
 }
+
+/// The protocol version the VNC check announces.
+const CLIENT_VERSION: &[u8; 12] = b"RFB 003.008\n";
 
 /// `RFB xxx.yyy\n` with three digits on each side.
 fn is_rfb_banner(b: &[u8; 12]) -> bool {

@@ -48,9 +48,10 @@ impl Desktop {
     }
 
     /// Creates a container of the same image with the same flags whose
-    /// process is `/bin/true`: what a start costs the engine alone.
+    /// process only marks that it ran ([`Desktop::ran_marker`]) and sleeps:
+    /// what a start costs the engine alone.
     pub fn create_trivial(test: &str) -> Option<Self> {
-        Self::create_as(test, Entrypoint::True)
+        Self::create_as(test, Entrypoint::Trivial)
     }
 
     fn create_as(test: &str, entrypoint: Entrypoint) -> Option<Self> {
@@ -71,8 +72,14 @@ impl Desktop {
             format!("{}:/run/dormouse", run_dir.path().display()),
         ]);
         match (entrypoint, std::env::var("DORMOUSE_SUPERVISOR_BIN")) {
-            (Entrypoint::True, _) => {
-                args.extend(["--entrypoint".into(), "/bin/true".into(), image]);
+            (Entrypoint::Trivial, _) => {
+                args.extend([
+                    "--entrypoint".into(),
+                    "/bin/sh".into(),
+                    image,
+                    "-c".into(),
+                    format!("echo > /run/dormouse/{RAN_MARKER} && exec sleep infinity"),
+                ]);
             }
             (Entrypoint::Supervisor, Ok(bin)) => args.extend([
                 "-v".to_owned(),
@@ -95,6 +102,11 @@ impl Desktop {
         &self.guard.name
     }
 
+    /// The trivial container's marker on the host.
+    pub fn ran_marker(&self) -> PathBuf {
+        self.run_dir.path().join(RAN_MARKER)
+    }
+
     /// The socket on the host.
     pub fn socket(&self) -> PathBuf {
         self.run_dir
@@ -104,7 +116,7 @@ impl Desktop {
 
     /// `docker start`, then a connection as soon as the supervisor listens.
     pub async fn start(&self) -> Client {
-        let waiter = SocketWaiter::new(self.run_dir.path());
+        let waiter = RunDirWatch::new(self.run_dir.path());
         docker_ok(&["start", self.name()]);
         waiter.connect(&self.socket(), self).await
     }
@@ -125,9 +137,12 @@ impl Desktop {
 enum Entrypoint {
     /// The image's supervisor (or `DORMOUSE_SUPERVISOR_BIN` over it).
     Supervisor,
-    /// `/bin/true`.
-    True,
+    /// A shell that creates the run marker and sleeps.
+    Trivial,
 }
+
+/// What a trivial container creates in its run directory once it runs.
+pub const RAN_MARKER: &str = "ran";
 
 /// The flags the broker creates desktops with: no network, every
 /// capability dropped but the supervisor's, no privilege gain, private IPC.
@@ -155,11 +170,11 @@ pub fn hardening_args() -> Vec<String> {
 
 /// Sees the socket appear through inotify on the run directory (set up
 /// before the start, so no creation is missed).
-pub struct SocketWaiter {
+pub struct RunDirWatch {
     inotify: AsyncFd<inotify::Inotify>,
 }
 
-impl SocketWaiter {
+impl RunDirWatch {
     pub fn new(dir: &Path) -> Self {
         let inotify = inotify::Inotify::init().unwrap();
         inotify
@@ -185,21 +200,33 @@ impl SocketWaiter {
             if let Ok(stream) = UnixStream::connect(path).await {
                 return Client { stream };
             }
-            let changed = timeout_at(deadline, async {
-                let mut guard = self.inotify.readable_mut().await.unwrap();
-                let mut buf = [0u8; 1024];
-                // Drain; only "something changed" matters.
-                let _ = guard.try_io(|fd| fd.get_mut().read_events(&mut buf).map(|_| ()));
-            })
-            .await;
-            assert!(
-                changed.is_ok(),
-                "{} never listened on {}; logs:\n{}",
-                desktop.name(),
-                path.display(),
-                desktop.logs()
-            );
+            self.next_change(deadline, desktop, path).await;
         }
+    }
+
+    /// Waits until `path` exists.
+    pub async fn file_appears(mut self, path: &Path, desktop: &Desktop) {
+        let deadline = Instant::now() + UP_GUARD;
+        while std::fs::symlink_metadata(path).is_err() {
+            self.next_change(deadline, desktop, path).await;
+        }
+    }
+
+    async fn next_change(&mut self, deadline: Instant, desktop: &Desktop, path: &Path) {
+        let changed = timeout_at(deadline, async {
+            let mut guard = self.inotify.readable_mut().await.unwrap();
+            let mut buf = [0u8; 1024];
+            // Drain; only "something changed" matters.
+            let _ = guard.try_io(|fd| fd.get_mut().read_events(&mut buf).map(|_| ()));
+        })
+        .await;
+        assert!(
+            changed.is_ok(),
+            "{}: {} never appeared; logs:\n{}",
+            desktop.name(),
+            path.display(),
+            desktop.logs()
+        );
     }
 }
 
