@@ -27,19 +27,14 @@ pub use state::{QuiesceRequest, StatusCell};
 /// `--security-opt no-new-privileges`). Desktop processes drop all of them
 /// with their switch to uid 1000.
 ///
-/// - `CHOWN`: the run directory to root, migrated profiles to uid 1000.
+/// - `CHOWN`: the run directory to root; the workspace root, migrated
+///   profiles and new directories to uid 1000.
 /// - `DAC_OVERRIDE`: reading and writing the desktop user's files (profiles,
 ///   the workspace) as root.
-/// - `FOWNER`: chmod of directories it does not own, and removing the
-///   desktop user's lock files from the sticky `/tmp`.
 /// - `SETUID`, `SETGID`: starting services as uid/gid 1000 (and dropping
 ///   supplementary groups).
-/// - `KILL`: signalling the desktop user's processes on stop.
-pub const REQUIRED_CAPABILITIES: &[&str] = &[
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "SETUID",
-    "SETGID",
-    "KILL",
-];
+/// - `KILL`: signalling the desktop user's processes on quiesce and stop.
+///
+/// Not `FOWNER`: modes are set before ownership is given away, and the
+/// sticky directories it works in (`/tmp`, `/tmp/.X11-unix`) are root's.
+pub const REQUIRED_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"];

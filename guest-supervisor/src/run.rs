@@ -88,20 +88,20 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     })
     .await;
     let prepare_problem = match prepared {
-        Ok(Ok(p)) => {
+        Ok(p) => {
             tracing::info!(
                 new_start = p.new_start,
                 locks_removed = p.locks_removed.len(),
                 preferences_fixed = p.preferences_fixed.len(),
                 links_changed = p.links_changed,
+                problems = p.problems.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "prepared"
             );
-            None
-        }
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "preparation failed; starting anyway");
-            Some(format!("preparation: {e}"))
+            (!p.problems.is_empty()).then(|| {
+                let all: Vec<String> = p.problems.iter().map(ToString::to_string).collect();
+                format!("preparation: {}", all.join("; "))
+            })
         }
         Err(e) => Some(format!("preparation ended abnormally: {e}")),
     };

@@ -3,9 +3,12 @@
 //!
 //! Owns finding the desktop user's processes in `config.proc_root` (only
 //! the supervisor's descendants when it is not PID 1, so a shared pid
-//! namespace never exposes the host's processes to it), telling browser
-//! main processes to quit with one SIGTERM each (a second SIGTERM makes
-//! Chromium skip its clean shutdown), and waiting for exits by pidfd. It
+//! namespace never exposes the host's processes to it), closing browsers the
+//! way a person would — `WM_DELETE_WINDOW` to each of their windows, which
+//! runs the browser's normal shutdown: cookies flushed, profile lock
+//! released — then, for what is left, one SIGTERM per main process (Chromium
+//! ends its session on SIGTERM without flushing recent cookies, and a second
+//! SIGTERM makes it skip even that), and waiting for exits by pidfd. It
 //! never touches processes of other users, and never kills before asking.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,9 +21,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
+use x11rb::connection::Connection as _;
+use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
+use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::services::Services;
+use crate::x_client::{self, XError};
 
 /// Command names (`/proc/<pid>/comm`) of browser processes.
 const BROWSER_COMMS: &[&str] = &[
@@ -170,12 +177,8 @@ pub async fn close_browsers(
             .filter(|p| !skip.contains(&p.pgid))
             .cloned()
             .collect();
-        for p in &mains {
-            tracing::info!(pid = p.pid, comm = %p.comm, "asking a browser to quit");
-            let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGTERM);
-        }
         let pids: Vec<u32> = mains.iter().map(|p| p.pid).collect();
-        let complete = wait_gone(&config.proc_root, &pids, bound).await;
+        let complete = close_politely(config, &pids, bound).await;
         let names = mains
             .iter()
             .map(|p| format!("{} ({})", p.comm, p.pid))
@@ -208,6 +211,122 @@ pub async fn close_browsers(
         complete: ours_complete && user_complete,
         elapsed_ms,
     }
+}
+
+/// Closes the processes `pids` (browser main processes): their windows
+/// first, then one SIGTERM each for those still running after half of
+/// `bound`. `true` if all exited within `bound`.
+pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> bool {
+    if pids.is_empty() {
+        return true;
+    }
+    let deadline = Instant::now() + bound;
+    let asked = close_windows_of(config, pids, bound / 4).await;
+    if asked > 0 {
+        tracing::info!(?pids, windows = asked, "asked browser windows to close");
+        let half = deadline.saturating_duration_since(Instant::now()) / 2;
+        if wait_gone(&config.proc_root, pids, half).await {
+            return true;
+        }
+    }
+    let left: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|&pid| alive(&config.proc_root, pid))
+        .collect();
+    for &pid in &left {
+        tracing::info!(pid, "asking a browser to quit (SIGTERM)");
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+    }
+    wait_gone(
+        &config.proc_root,
+        &left,
+        deadline.saturating_duration_since(Instant::now()),
+    )
+    .await
+}
+
+/// Sends `WM_DELETE_WINDOW` to every top-level window whose `_NET_WM_PID`
+/// is one of `pids`, as the close button of a title bar does. Returns how
+/// many windows were asked (0 also when X does not answer within `bound`).
+pub async fn close_windows_of(config: &Config, pids: &[u32], bound: Duration) -> usize {
+    let pids: BTreeSet<u32> = pids.iter().copied().collect();
+    match x_client::with_display(config, bound, move |conn, screen| {
+        ask_to_close(conn, screen, &pids)
+    })
+    .await
+    {
+        Ok(asked) => asked,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot close windows through X");
+            0
+        }
+    }
+}
+
+fn ask_to_close(
+    conn: &RustConnection,
+    screen: usize,
+    pids: &BTreeSet<u32>,
+) -> Result<usize, XError> {
+    let root = conn
+        .setup()
+        .roots
+        .get(screen)
+        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
+        .root;
+    let atom =
+        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
+    let client_list = atom(b"_NET_CLIENT_LIST")?;
+    let wm_pid = atom(b"_NET_WM_PID")?;
+    let protocols = atom(b"WM_PROTOCOLS")?;
+    let delete = atom(b"WM_DELETE_WINDOW")?;
+    // The window manager's list of managed windows; without one, the
+    // children of the root are the top-level windows.
+    let listed = conn
+        .get_property(false, root, client_list, AtomEnum::WINDOW, 0, 4096)?
+        .reply()?;
+    let mut windows: Vec<u32> = listed.value32().map(Iterator::collect).unwrap_or_default();
+    if windows.is_empty() {
+        windows = conn.query_tree(root)?.reply()?.children;
+    }
+    let mut asked = 0;
+    for window in windows {
+        // A window may vanish meanwhile (BadWindow): skip it.
+        let Ok(reply) = conn
+            .get_property(false, window, wm_pid, AtomEnum::CARDINAL, 0, 1)?
+            .reply()
+        else {
+            continue;
+        };
+        let Some(pid) = reply.value32().and_then(|mut v| v.next()) else {
+            continue;
+        };
+        if !pids.contains(&pid) {
+            continue;
+        }
+        let event = ClientMessageEvent::new(
+            32,
+            window,
+            protocols,
+            [delete, x11rb::CURRENT_TIME, 0, 0, 0],
+        );
+        conn.send_event(false, window, EventMask::NO_EVENT, event)?;
+        asked += 1;
+    }
+    // A round trip: every event is delivered before the connection closes.
+    conn.get_input_focus()?.reply()?;
+    Ok(asked)
+}
+
+/// Whether `pid` is alive (not gone, not a zombie).
+fn alive(proc_root: &Path, pid: u32) -> bool {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).is_ok_and(|text| {
+        let state = text
+            .rfind(')')
+            .and_then(|i| text[i + 1..].split_whitespace().next());
+        !matches!(state, Some("Z" | "X") | None)
+    })
 }
 
 /// Ends every desktop process still alive: SIGTERM, then SIGKILL for those

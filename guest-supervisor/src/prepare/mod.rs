@@ -2,7 +2,7 @@
 //!
 //! Owns, in this order: the run directory (root, 0700), the workspace root
 //! (owned by the desktop user), the profile links into the workspace, the
-//! X socket directory, and — only when the container-start identity differs
+//! X socket directory (root, 1777), and — only when the container-start identity differs
 //! from the one recorded at the last preparation — removal of stale locks
 //! and Chromium's crash flag, after which the new identity is recorded.
 //! With an unchanged identity it never touches a lock: a lock may belong to
@@ -47,9 +47,12 @@ pub enum PrepareError {
     Identity(#[from] identity::IdentityError),
 }
 
-/// What a preparation did.
+/// What a preparation did, and what it could not do.
 #[derive(Debug, Default)]
 pub struct Prepared {
+    /// Steps that failed; the others still ran (a desktop that cannot be
+    /// fully prepared still starts, and says why it is degraded).
+    pub problems: Vec<PrepareError>,
     /// The identity differed from the recorded one (a new container start).
     pub new_start: bool,
     /// Locks removed (only on a new start).
@@ -100,64 +103,88 @@ pub fn secure_run_dir(config: &Config) -> Result<(), PrepareError> {
     Ok(())
 }
 
-/// Prepares this container start; see the module documentation.
-pub fn prepare(
-    config: &Config,
-    identity: &ContainerStartIdentity,
-) -> Result<Prepared, PrepareError> {
+/// Prepares this container start; see the module documentation. Every
+/// step runs even when an earlier one failed; failures are collected in
+/// [`Prepared::problems`].
+pub fn prepare(config: &Config, identity: &ContainerStartIdentity) -> Prepared {
     let mut prepared = Prepared::default();
-    secure_workspace_root(config)?;
-    let links = profiles::ensure_links(config)?;
-    prepared.links_changed = links
-        .iter()
-        .filter(|(_, o)| *o != profiles::LinkOutcome::AlreadyLinked)
-        .count();
-    let tmp_io = |what, source| PrepareError::Io {
-        what,
-        path: config.tmp_dir.clone(),
-        source,
-    };
+    if let Err(e) = secure_workspace_root(config) {
+        prepared.problems.push(e);
+    }
+    for (_, outcome) in profiles::ensure_links(config) {
+        match outcome {
+            Ok(profiles::LinkOutcome::AlreadyLinked) => {}
+            Ok(_) => prepared.links_changed += 1,
+            Err(e) => prepared.problems.push(e),
+        }
+    }
+
+    // Before the locks: once the socket directory is root's, removing a
+    // socket the desktop user left in it needs no CAP_FOWNER.
+    if let Err(source) = locks::ensure_x_socket_dir(config) {
+        prepared.problems.push(PrepareError::Io {
+            what: "preparing .X11-unix in",
+            path: config.tmp_dir.clone(),
+            source,
+        });
+    }
 
     let last = identity::last_prepared(config);
     prepared.new_start = last.as_ref() != Some(identity);
+    let mut cleared = true;
     if prepared.new_start {
         tracing::info!(
             identity = %identity.fingerprint(),
             last = %last.as_ref().map(|l| l.fingerprint()).unwrap_or_else(|| "none".into()),
             "new container start: clearing stale locks"
         );
-        prepared.locks_removed =
-            locks::clear_x_locks(config).map_err(|e| tmp_io("clearing X locks in", e))?;
-        prepared
-            .locks_removed
-            .extend(locks::clear_profile_locks(config, None).map_err(|source| {
-                PrepareError::Io {
-                    what: "clearing profile locks in",
-                    path: config.profiles_root(),
-                    source,
-                }
-            })?);
-        prepared.preferences_fixed =
-            locks::mark_chromium_exited_cleanly(config).map_err(|source| PrepareError::Io {
-                what: "marking clean exit in",
-                path: config.profiles_root(),
-                source,
-            })?;
-        for path in &prepared.locks_removed {
+        let mut step = |what, path: PathBuf, result: std::io::Result<Vec<PathBuf>>| match result {
+            Ok(paths) => paths,
+            Err(source) => {
+                cleared = false;
+                prepared
+                    .problems
+                    .push(PrepareError::Io { what, path, source });
+                Vec::new()
+            }
+        };
+        let mut removed = step(
+            "clearing X locks in",
+            config.tmp_dir.clone(),
+            locks::clear_x_locks(config),
+        );
+        removed.extend(step(
+            "clearing profile locks in",
+            config.profiles_root(),
+            locks::clear_profile_locks(config, None),
+        ));
+        let fixed = step(
+            "marking clean exit in",
+            config.profiles_root(),
+            locks::mark_chromium_exited_cleanly(config),
+        );
+        for path in &removed {
             tracing::info!(path = %path.display(), "removed stale lock");
         }
-        for path in &prepared.preferences_fixed {
+        for path in &fixed {
             tracing::info!(path = %path.display(), "marked profile as exited cleanly");
         }
+        prepared.locks_removed = removed;
+        prepared.preferences_fixed = fixed;
     } else {
         tracing::info!(identity = %identity.fingerprint(), "same container start: locks untouched");
     }
-    locks::ensure_x_socket_dir(config).map_err(|e| tmp_io("preparing .X11-unix in", e))?;
-    if prepared.new_start {
-        // Last: a kill before this point repeats the (idempotent) cleanup.
-        identity::record_prepared(config, identity)?;
+    // Last, and only after a complete cleanup: a kill before this point, or
+    // a failed step, repeats the (idempotent) cleanup at the next start.
+    if prepared.new_start && cleared {
+        if let Err(e) = identity::record_prepared(config, identity) {
+            prepared.problems.push(e.into());
+        }
     }
-    Ok(prepared)
+    for problem in &prepared.problems {
+        tracing::error!(error = %problem, "preparation step failed");
+    }
+    prepared
 }
 
 /// The workspace root must be a real directory the desktop user owns (the
@@ -244,13 +271,14 @@ mod tests {
         };
         let id = identity::read(&config).expect("identity");
         let planted = plant_locks(&config);
-        let first = prepare(&config, &id).expect("prepare");
+        let first = prepare(&config, &id);
+        assert!(first.problems.is_empty(), "{:?}", first.problems);
         assert!(first.new_start);
         assert!(planted.iter().all(|p| !exists(p)), "stale locks removed");
 
         // Same start: live locks (of a running browser or X) stay.
         let planted = plant_locks(&config);
-        let again = prepare(&config, &id).expect("prepare");
+        let again = prepare(&config, &id);
         assert!(!again.new_start);
         assert!(planted.iter().all(|p| exists(p)), "live locks untouched");
     }
@@ -264,7 +292,7 @@ mod tests {
             ..test_support::test_config(dir.path())
         };
         let id = identity::read(&config).expect("identity");
-        prepare(&config, &id).expect("prepare");
+        assert!(prepare(&config, &id).problems.is_empty());
 
         let changes: [&dyn Fn(); 3] = [
             &|| proc.add_process("1", 0, 99_999, "mnt:[4026531841]"),
@@ -275,7 +303,8 @@ mod tests {
             let planted = plant_locks(&config);
             change();
             let id = identity::read(&config).expect("identity");
-            let prepared = prepare(&config, &id).expect("prepare");
+            let prepared = prepare(&config, &id);
+            assert!(prepared.problems.is_empty(), "{:?}", prepared.problems);
             assert!(prepared.new_start);
             assert!(planted.iter().all(|p| !exists(p)));
         }

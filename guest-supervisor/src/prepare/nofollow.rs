@@ -208,9 +208,11 @@ impl HeldDir {
         match mkdirat(&self.fd, name, Mode::from_bits_truncate(mode)) {
             Ok(()) => {
                 let dir = self.open_dir(name)?;
-                dir.chown(owner)?;
-                // mkdir is subject to the umask; say what we mean.
+                // mkdir is subject to the umask; say what we mean. Mode
+                // before owner: once it belongs to someone else, a chmod
+                // would need CAP_FOWNER.
                 dir.chmod(mode)?;
+                dir.chown(owner)?;
                 Ok(dir)
             }
             Err(Errno::EEXIST) => self.open_dir(name),
@@ -345,14 +347,15 @@ impl HeldDir {
             Mode::from_bits_truncate(mode),
         )
         .map_err(errno)?;
+        // Subject to the umask on creation; say what we mean (before the
+        // owner changes, so no CAP_FOWNER is needed).
+        fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(errno)?;
         fchown(
             &fd,
             Some(Uid::from_raw(owner.uid)),
             Some(Gid::from_raw(owner.gid)),
         )
         .map_err(errno)?;
-        // Subject to the umask on creation; say what we mean.
-        fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(errno)?;
         Ok(File::from(fd))
     }
 

@@ -91,8 +91,9 @@ pub(crate) fn anchor_for<'a>(config: &'a Config, path: &'a Path) -> &'a Path {
     path.parent().unwrap_or(Path::new("/"))
 }
 
-/// Makes every link of [`links`]; returns what was done for each.
-pub fn ensure_links(config: &Config) -> Result<Vec<(ProfileLink, LinkOutcome)>, PrepareError> {
+/// Makes every link of [`links`]; returns what was done for each, or why
+/// it could not be (one failing link does not stop the others).
+pub fn ensure_links(config: &Config) -> Vec<(ProfileLink, Result<LinkOutcome, PrepareError>)> {
     let owner = Owner {
         uid: config.uid,
         gid: config.gid,
@@ -103,13 +104,17 @@ pub fn ensure_links(config: &Config) -> Result<Vec<(ProfileLink, LinkOutcome)>, 
             what: "linking",
             path: link.link.clone(),
             source,
-        })?;
-        if outcome != LinkOutcome::AlreadyLinked {
-            tracing::info!(link = %link.link.display(), target = %link.target.display(), ?outcome, "profile link");
+        });
+        match &outcome {
+            Ok(LinkOutcome::AlreadyLinked) => {}
+            Ok(outcome) => {
+                tracing::info!(link = %link.link.display(), target = %link.target.display(), ?outcome, "profile link");
+            }
+            Err(e) => tracing::error!(error = %e, "profile link"),
         }
         done.push((link, outcome));
     }
-    Ok(done)
+    done
 }
 
 fn ensure_link(config: &Config, link: &ProfileLink, owner: Owner) -> io::Result<LinkOutcome> {
@@ -171,10 +176,10 @@ fn migrate(old: &HeldDir, targets: &HeldDir, target_name: &OsStr, owner: Owner) 
     staging.push(target_name);
     staging.push(".migrating");
     targets.remove_tree(&staging)?;
-    let into = targets.ensure_dir(&staging, 0o700, owner)?;
-    old.copy_into(&into, owner)?;
     // Keep the permission bits of the directory being replaced.
-    into.chmod(old.stat_self()?.mode & 0o777 | 0o700)?;
+    let mode = old.stat_self()?.mode & 0o777 | 0o700;
+    let into = targets.ensure_dir(&staging, mode, owner)?;
+    old.copy_into(&into, owner)?;
     targets.rename(&staging, targets, target_name)
 }
 
@@ -266,6 +271,13 @@ mod tests {
             .find(|(l, _)| l.link.ends_with(suffix))
             .map(|(_, o)| o.clone())
             .expect("link present")
+    }
+
+    fn ensure_links(config: &Config) -> Result<Vec<(ProfileLink, LinkOutcome)>, PrepareError> {
+        super::ensure_links(config)
+            .into_iter()
+            .map(|(link, outcome)| outcome.map(|o| (link, o)))
+            .collect()
     }
 
     #[test]

@@ -145,6 +145,8 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
                 "-shared".into(),
                 "-nopw".into(),
                 "-noipv6".into(),
+                // Its banner of tips is noise in the log; `PORT=` still comes.
+                "-quiet".into(),
             ],
         },
     ];
@@ -613,7 +615,7 @@ async fn run_once(
         }),
     };
     let Some(outcome) = outcome else {
-        return Attempt::Stopped(terminate(spec.name, &mut child, stop_grace(stop)).await);
+        return Attempt::Stopped(terminate(spec, config, &mut child, stop_grace(stop)).await);
     };
     if let Some(out) = stdout.take() {
         tokio::spawn(output::forward(spec.name, out, tail.clone()));
@@ -639,14 +641,16 @@ async fn run_once(
                 exit = child.wait() => Some(exit),
             };
             if exit.is_none() {
-                return Attempt::Stopped(terminate(spec.name, &mut child, stop_grace(stop)).await);
+                return Attempt::Stopped(
+                    terminate(spec, config, &mut child, stop_grace(stop)).await,
+                );
             }
             exit
         }
         Err(Some(exit)) => Some(exit),
         Err(None) => {
             // Not ready in time (or its readiness failed): it goes.
-            terminate(spec.name, &mut child, Duration::from_millis(500)).await;
+            terminate(spec, config, &mut child, Duration::from_millis(500)).await;
             None
         }
     };
@@ -661,11 +665,35 @@ fn stop_grace(stop: &StopSignal) -> Duration {
     stop.borrow().unwrap_or(Duration::from_secs(1))
 }
 
-/// SIGTERM to the group, SIGKILL after `grace`; waits until the leader is
-/// reaped. `true` if it exited within the grace.
-async fn terminate(name: &'static str, child: &mut OwnedChild, grace: Duration) -> bool {
+/// Ends a service within `grace`: a browser is first asked to close its
+/// windows (its normal shutdown flushes the profile); then SIGTERM to the
+/// group, SIGKILL when the grace is over. Waits until the leader is reaped.
+/// `true` if it exited within the grace.
+async fn terminate(
+    spec: &ServiceSpec,
+    config: &Config,
+    child: &mut OwnedChild,
+    grace: Duration,
+) -> bool {
+    let name = spec.name;
+    let deadline = Instant::now() + grace;
+    if matches!(spec.kind, ServiceKind::Browser(_)) && child.exited().is_none() {
+        let asked = crate::stop::close_windows_of(config, &[child.pid()], grace / 4).await;
+        if asked > 0 {
+            let half = deadline.saturating_duration_since(Instant::now()) / 2;
+            if let Ok(exit) = tokio::time::timeout(half, child.wait()).await {
+                tracing::info!(service = name, windows = asked, %exit, "closed through its windows");
+                kill_group_leftovers(child.pid());
+                return true;
+            }
+            tracing::info!(
+                service = name,
+                "still running after closing its windows; SIGTERM"
+            );
+        }
+    }
     child.signal_group(Signal::SIGTERM);
-    let clean = match tokio::time::timeout(grace, child.wait()).await {
+    let clean = match tokio::time::timeout_at(deadline, child.wait()).await {
         Ok(exit) => {
             tracing::debug!(service = name, %exit, "exited after SIGTERM");
             true
