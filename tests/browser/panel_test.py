@@ -3,9 +3,10 @@
 
 By default this starts its own `dormoused` (private data directory, free
 loopback port) on the real engine and the real desktop image, creates a
-desktop through the API, waits until it is ready and stops it. Then, in the
-browser, it signs in, sees the desktop stopped with the empty preview state,
-clicks Start once and checks:
+desktop through the API, waits until it is ready and lets its idle timer
+stop it (a 3 s window). Then, in the browser, it signs in, sees the desktop
+"Stopped because idle" with the empty preview state, clicks Start once and
+checks:
 
   * Start sent exactly one request (counted by a wrapper around the page's
     fetch, and in the broker's access log);
@@ -250,7 +251,7 @@ def wait_for(driver, predicate, what, timeout=UI_TIMEOUT):
         raise AssertionError(f"timed out waiting for {what}: {e}") from None
 
 
-def run_browser(base, token, cid, evidence, broker=None):
+def run_browser(base, token, cid, expected_state, evidence, broker=None):
     from selenium.webdriver.common.by import By
 
     driver = chromium_driver()
@@ -268,7 +269,7 @@ def run_browser(base, token, cid, evidence, broker=None):
 
         card = driver.find_element(By.CSS_SELECTOR, card_sel)
         state = card.find_element(By.CSS_SELECTOR, ".state").text
-        assert state.startswith("Stopped"), f"state before start: {state!r}"
+        assert state == expected_state, f"state before start: {state!r}, expected {expected_state!r}"
         empty = card.find_element(By.CSS_SELECTOR, ".empty-state")
         img = card.find_element(By.CSS_SELECTOR, "img.screenshot")
         assert empty.is_displayed() and not img.is_displayed(), "a stopped desktop shows the empty state"
@@ -279,6 +280,7 @@ def run_browser(base, token, cid, evidence, broker=None):
         driver.execute_script(INSTRUMENT, cid)
         start = card.find_element(By.CSS_SELECTOR, "button.start")
         assert start.is_enabled() and start.text == "Start"
+        clicked = time.monotonic()
         start.click()
 
         busy_png = evidence / "panel-starting.png"
@@ -299,6 +301,7 @@ def run_browser(base, token, cid, evidence, broker=None):
             )
 
         wait_for(driver, preview_shown, "the screenshot preview", timeout=READY_TIMEOUT)
+        shown_after = time.monotonic() - clicked
         assert driver.execute_script("return window.__noReload === true"), "the page reloaded"
         ready_png = evidence / "panel-ready.png"
         driver.save_screenshot(str(ready_png))
@@ -330,7 +333,8 @@ def run_browser(base, token, cid, evidence, broker=None):
         final = card.find_element(By.CSS_SELECTOR, ".state").text
         readiness = card.find_element(By.CSS_SELECTOR, ".readiness").text
         assert readiness == "Ready", readiness
-        log(f"after start: state {final!r}, readiness {readiness!r}, preview shown")
+        log(f"after start: state {final!r}, readiness {readiness!r}, preview shown "
+            f"{shown_after:.2f} s after the click (a measurement, not a check)")
         log(f"evidence: {stopped_png}" + (f", {busy_png}" if busy_png else "") + f", {ready_png}")
     except Exception:
         failure = evidence / "panel-failure.png"
@@ -344,15 +348,22 @@ def run_browser(base, token, cid, evidence, broker=None):
         driver.quit()
 
 
-def prepare_desktop(api):
-    """A desktop that was ready once and is now stopped."""
+def prepare_desktop(api, idle_stop):
+    """A desktop that was ready once and is now stopped: by its idle timer
+    (a 3 s window, set back to a day afterwards) when `idle_stop`, else by
+    an API stop."""
     status = api.call("POST", "/v1/computers", {"name": "panel-test"})
     cid = status["id"]
     log(f"created {cid}; waiting until ready")
     api.wait(cid, lambda s: s["ready"], "ready")
-    api.call("POST", f"/v1/computers/{cid}/stop")
-    api.wait(cid, lambda s: s["container"] == "stopped", "stopped", timeout=60)
-    return cid
+    if idle_stop:
+        api.call("PATCH", f"/v1/computers/{cid}", {"idle_timeout_ms": 3000})
+        api.wait(cid, lambda s: s["container"] == "stopped", "stopped by its idle timer", timeout=120)
+        api.call("PATCH", f"/v1/computers/{cid}", {"idle_timeout_ms": 24 * 3600 * 1000})
+    else:
+        api.call("POST", f"/v1/computers/{cid}/stop")
+        api.wait(cid, lambda s: s["container"] == "stopped", "stopped", timeout=60)
+    return cid, api.call("GET", f"/v1/computers/{cid}")
 
 
 def docker_ready(image):
@@ -389,10 +400,14 @@ def main():
             token = broker.start()
             base = broker.base
         api = Api(base, token)
-        cid = prepare_desktop(api)
+        cid, stopped = prepare_desktop(api, idle_stop=broker is not None)
         if broker is not None:
             broker.computers.append(cid)
-        run_browser(base, token, cid, evidence, broker)
+        # The panel's words for the stop reason the broker reports.
+        expected = {"idle": "Stopped because idle", "manual": "Stopped manually"}.get(
+            stopped["stop_reason"], "Stopped")
+        log(f"stopped with stop_reason {stopped['stop_reason']!r}; the panel must say {expected!r}")
+        run_browser(base, token, cid, expected, evidence, broker)
         log("PASSED")
         print("1 passed, 0 failed")
         return 0

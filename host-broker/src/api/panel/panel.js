@@ -305,6 +305,7 @@
   };
 
   function stateText(c) {
+    if (starting.has(c.id) && c.container !== "running") return "Starting\u2026";
     switch (c.container) {
       case "running":
         return c.ready ? "Running" : "Starting\u2026";
@@ -319,6 +320,7 @@
 
   function readinessText(c) {
     if (c.ready) return "Ready";
+    if (starting.has(c.id)) return "Not ready \u00b7 resuming";
     if (c.container !== "running") return "Not running";
     return "Not ready" + (c.phase ? " \u00b7 " + (PHASES[c.phase] || c.phase) : "");
   }
@@ -392,7 +394,9 @@
     q(".readiness").textContent = readinessText(c);
     q(".idle").textContent = idleText(c);
 
-    const problem = c.problem || (c.container !== "running" && !c.resumable ? c.resumable_problem : null);
+    // Why it cannot start, unless a start is what is going on.
+    const blocked = c.container !== "running" && !c.resumable && !starting.has(c.id);
+    const problem = c.problem || (blocked ? c.resumable_problem : null);
     q(".problem").hidden = !problem;
     q(".problem").textContent = problem || "";
 
