@@ -88,9 +88,14 @@ pub async fn capture(config: &Config) -> Result<Screenshot, ScreenshotError> {
         .map_err(|e| XError::Join(e.to_string()))?;
     let remaining = bound.saturating_sub(started.elapsed());
     let (stats, png) = x_client::with_display(config, remaining, |conn, screen| {
-        let mut png = Vec::new();
+        // A noisy screen of the largest size could make a PNG bigger than a
+        // frame may carry; stop there instead of growing without bound.
+        let mut png = BoundedVec {
+            bytes: Vec::new(),
+            limit: dormouse_protocol::MAX_PAYLOAD_LEN as usize,
+        };
         let stats = encode_root(conn, screen, &mut png).map_err(into_x_error)?;
-        Ok((stats, png))
+        Ok((stats, png.bytes))
     })
     .await?;
     Ok(Screenshot {
@@ -340,9 +345,48 @@ impl<W: Write> Write for CountingWriter<W> {
     }
 }
 
+/// A `Vec` that refuses to grow past `limit`.
+#[derive(Debug)]
+struct BoundedVec {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl Write for BoundedVec {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!(
+                    "png exceeds the frame payload limit of {} bytes",
+                    self.limit
+                ),
+            ));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounded_vec_stops_at_its_limit() {
+        let mut v = BoundedVec {
+            bytes: Vec::new(),
+            limit: 8,
+        };
+        v.write_all(&[1; 8]).expect("fits");
+        let err = v.write_all(&[1]).expect_err("over the limit");
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
+        assert_eq!(v.bytes.len(), 8);
+    }
 
     fn format(bpp: u8, lsb_first: bool, masks: (u32, u32, u32)) -> PixelFormat {
         PixelFormat {

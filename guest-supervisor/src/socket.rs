@@ -419,9 +419,20 @@ async fn serve_connection(stream: UnixStream, shared: &Shared) {
             return;
         }
         let (response, payload) = answer(request, shared).await;
-        if let Err(e) = write_response(&mut wr, &response, &payload, io).await {
-            tracing::debug!(error = %e, "guest socket client gone");
-            return;
+        match write_response(&mut wr, &response, &payload, io).await {
+            Ok(()) => {}
+            // Refused before a byte was written: the client can still be told.
+            Err(e @ (FrameError::MessageTooLarge { .. } | FrameError::PayloadTooLarge { .. })) => {
+                tracing::warn!(error = %e, "response too large for a frame");
+                let reply = Response::error("response_too_large", e.to_string());
+                if write_response(&mut wr, &reply, &[], io).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "guest socket client gone");
+                return;
+            }
         }
     }
 }
