@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Number, Value};
 
 /// Where production reads the configuration file from.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/dormouse/supervisor.toml";
@@ -221,13 +222,17 @@ impl Config {
         Ok((config, notes))
     }
 
-    /// Parses a TOML document; missing keys keep their defaults, unknown
-    /// keys are an error (a typo must not be silently ignored).
+    /// Parses the TOML file (one flat table, see [`crate::config_file`]);
+    /// missing keys keep their defaults, unknown keys are an error (a typo
+    /// must not be silently ignored).
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let table = crate::config_file::parse(text).map_err(|e| ConfigError::Parse {
             origin: origin.to_owned(),
-            message: e.message().to_owned(),
-        })
+            message: e.to_string(),
+        })?;
+        let mut config = Self::default();
+        config.replace_from(table, origin)?;
+        Ok(config)
     }
 
     /// Whether `key` names a configuration field.
@@ -241,7 +246,7 @@ impl Config {
     pub fn set(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
         let mut table = self.as_table().ok_or_else(|| ConfigError::Parse {
             origin: origin.to_owned(),
-            message: "the configuration cannot be represented as TOML".into(),
+            message: "the configuration cannot be represented as a table".into(),
         })?;
         let bad = |message: String| ConfigError::Parse {
             origin: origin.to_owned(),
@@ -250,28 +255,35 @@ impl Config {
         let typed = if OPTIONAL_KEYS.contains(&key) {
             let trimmed = value.trim();
             (!trimmed.is_empty() && !trimmed.eq_ignore_ascii_case("none"))
-                .then(|| toml::Value::String(trimmed.to_owned()))
+                .then(|| Value::String(trimmed.to_owned()))
         } else {
+            let number = |n: Option<Number>| {
+                n.map(Value::Number).ok_or_else(|| {
+                    bad(format!(
+                        "{key}: {value:?} is not a number of the right kind"
+                    ))
+                })
+            };
             Some(match table.get(key) {
-                Some(toml::Value::Integer(_)) => toml::Value::Integer(
-                    value
-                        .trim()
-                        .parse()
-                        .map_err(|e| bad(format!("{key}: {value:?} is not an integer: {e}")))?,
-                ),
-                Some(toml::Value::Float(_)) => toml::Value::Float(
-                    value
-                        .trim()
-                        .parse()
-                        .map_err(|e| bad(format!("{key}: {value:?} is not a number: {e}")))?,
-                ),
-                Some(toml::Value::Boolean(_)) => toml::Value::Boolean(
+                Some(Value::Number(n)) if n.is_f64() => {
+                    number(value.trim().parse().ok().and_then(Number::from_f64))?
+                }
+                Some(Value::Number(_)) => {
+                    let v = value.trim();
+                    number(
+                        v.parse::<u64>()
+                            .ok()
+                            .map(Number::from)
+                            .or_else(|| v.parse::<i64>().ok().map(Number::from)),
+                    )?
+                }
+                Some(Value::Bool(_)) => Value::Bool(
                     value
                         .trim()
                         .parse()
                         .map_err(|e| bad(format!("{key}: {value:?} is not a boolean: {e}")))?,
                 ),
-                Some(_) => toml::Value::String(value.to_owned()),
+                Some(_) => Value::String(value.to_owned()),
                 None => {
                     return Err(ConfigError::UnknownKey {
                         origin: origin.to_owned(),
@@ -342,17 +354,30 @@ impl Config {
         Ok(())
     }
 
-    fn as_table(&self) -> Option<toml::Table> {
-        toml::Table::try_from(self).ok()
+    /// This configuration as key → value (optional keys that are unset are
+    /// absent).
+    fn as_table(&self) -> Option<Map<String, Value>> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut map)) => {
+                map.retain(|_, v| !v.is_null());
+                Some(map)
+            }
+            _ => None,
+        }
     }
 
-    fn replace_from(&mut self, table: toml::Table, origin: &str) -> Result<(), ConfigError> {
-        *self = table
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse {
-                origin: origin.to_owned(),
-                message: e.message().to_owned(),
-            })?;
+    /// Replaces this configuration by `table` laid over it: keys in `table`
+    /// win, optional keys absent from `table` are unset.
+    fn replace_from(&mut self, table: Map<String, Value>, origin: &str) -> Result<(), ConfigError> {
+        let mut merged = self.as_table().unwrap_or_default();
+        for key in OPTIONAL_KEYS {
+            merged.remove(*key);
+        }
+        merged.extend(table);
+        *self = serde_json::from_value(Value::Object(merged)).map_err(|e| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: e.to_string(),
+        })?;
         Ok(())
     }
 
@@ -472,6 +497,29 @@ mod tests {
         assert_eq!(config.browser.as_deref(), Some("firefox"));
         config.set("home", "/srv/home", "--set").expect("path");
         assert_eq!(config.home, PathBuf::from("/srv/home"));
+    }
+
+    #[test]
+    fn the_image_file_is_valid_and_matches_the_defaults() {
+        let text = include_str!("../../images/desktop/supervisor.toml");
+        let config = Config::from_toml(text, "images/desktop/supervisor.toml").expect("parses");
+        config.validate().expect("valid");
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn numbers_keep_their_kind() {
+        let mut config = Config::default();
+        config
+            .set("busy_cpu_percent", "7", "--set")
+            .expect("float from an integer");
+        assert!((config.busy_cpu_percent - 7.0).abs() < f64::EPSILON);
+        assert!(
+            config.set("vnc_port", "70000", "--set").is_err(),
+            "u16 overflow"
+        );
+        assert!(config.set("uid", "-1", "--set").is_err(), "negative uid");
+        assert!(Config::from_toml("width = \"wide\"", "f").is_err());
     }
 
     #[test]

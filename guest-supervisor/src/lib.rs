@@ -7,6 +7,7 @@
 
 pub mod activity;
 pub mod config;
+pub mod config_file;
 pub mod identity;
 pub mod init;
 pub mod prepare;

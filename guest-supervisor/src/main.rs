@@ -5,38 +5,102 @@
 //! `protocol-version` prints the guest protocol version (the image build
 //! labels the image with it).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
 use dormouse_protocol::CheckStatus;
 use dormouse_supervisor::config::{Config, DEFAULT_CONFIG_PATH};
 
-/// PID 1 of a Dormouse desktop container.
-#[derive(Debug, Parser)]
-#[command(version, about)]
-struct Cli {
-    /// Configuration file (TOML). A missing default file means defaults.
-    #[arg(long, env = "DORMOUSE_CONFIG", global = true)]
-    config: Option<PathBuf>,
-    /// Overrides one configuration key, e.g. `--set width=1920`; wins over
-    /// the file and `DORMOUSE_*` variables. Repeatable.
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value, global = true)]
-    overrides: Vec<(String, String)>,
-    #[command(subcommand)]
-    command: Option<Cmd>,
+const USAGE: &str = "\
+PID 1 of a Dormouse desktop container.
+
+Usage: dormouse-supervisor [OPTIONS] [COMMAND]
+
+Commands:
+  run               Prepare the home, run the desktop, stop gracefully on SIGTERM (default)
+  probe             Run the self-probe once, print the report as JSON; exit 0 iff ok
+  protocol-version  Print the guest protocol version
+
+Options:
+  --config <FILE>      Configuration file (TOML) [env: DORMOUSE_CONFIG]
+                       [default: /etc/dormouse/supervisor.toml; missing means defaults]
+  --set <KEY=VALUE>    Override one configuration key; wins over the file and
+                       DORMOUSE_* variables. Repeatable.
+  -h, --help           Print help
+  -V, --version        Print version
+";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Cli {
+    /// Run a command.
+    Command {
+        config: Option<PathBuf>,
+        overrides: Vec<(String, String)>,
+        command: Cmd,
+    },
+    /// Print the usage.
+    Help,
+    /// Print the version.
+    Version,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cmd {
-    /// Prepare the home, run the desktop, stop gracefully on SIGTERM.
     Run,
-    /// Run the self-probe once, print the report as JSON; exit 0 iff ok.
     Probe,
-    /// Print the guest protocol version.
     ProtocolVersion,
+}
+
+/// Parses the arguments (without the program name). Hand-written rather
+/// than with a parser crate: three words and two options do not earn the
+/// resident memory of one in a 4 MiB PID 1.
+fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Cli, String> {
+    let mut config = None;
+    let mut overrides = Vec::new();
+    let mut command = None;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let arg = arg
+            .into_string()
+            .map_err(|a| format!("argument {a:?} is not UTF-8"))?;
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => args
+                    .next()
+                    .and_then(|v| v.into_string().ok())
+                    .ok_or_else(|| format!("{name} needs a value")),
+            }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Cli::Help),
+            "-V" | "--version" => return Ok(Cli::Version),
+            "--config" => config = Some(PathBuf::from(value("--config")?)),
+            "--set" => overrides.push(parse_key_value(&value("--set")?)?),
+            word if !word.starts_with('-') && command.is_none() => {
+                command = Some(match word {
+                    "run" => Cmd::Run,
+                    "probe" => Cmd::Probe,
+                    "protocol-version" => Cmd::ProtocolVersion,
+                    other => return Err(format!("unknown command {other:?}")),
+                });
+            }
+            other => return Err(format!("unexpected argument {other:?}")),
+        }
+    }
+    Ok(Cli::Command {
+        config,
+        overrides,
+        command: command.unwrap_or(Cmd::Run),
+    })
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -47,13 +111,31 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Cmd::Run);
-    if let Cmd::ProtocolVersion = command {
+    let (config, overrides, command) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(Cli::Command {
+            config,
+            overrides,
+            command,
+        }) => (config, overrides, command),
+        Ok(Cli::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Cli::Version) => {
+            println!("dormouse-supervisor {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("dormouse-supervisor: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if command == Cmd::ProtocolVersion {
         println!("{}", dormouse_protocol::PROTOCOL_VERSION);
         return ExitCode::SUCCESS;
     }
-    match start(cli.config, &cli.overrides, command) {
+    let config = config.or_else(|| std::env::var_os("DORMOUSE_CONFIG").map(PathBuf::from));
+    match start(config, &overrides, command) {
         Ok(code) => code,
         Err(e) => {
             // Logging may not be up yet; stderr always is.
@@ -126,5 +208,63 @@ fn init_logging(config: &Config) {
         builder.json().init();
     } else {
         builder.compact().init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        parse_args(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn commands_and_options() {
+        assert_eq!(
+            parse(&[]),
+            Ok(Cli::Command {
+                config: None,
+                overrides: vec![],
+                command: Cmd::Run
+            })
+        );
+        assert_eq!(
+            parse(&[
+                "--config",
+                "/c.toml",
+                "--set",
+                "width=1920",
+                "--set=browser=none",
+                "probe"
+            ]),
+            Ok(Cli::Command {
+                config: Some("/c.toml".into()),
+                overrides: vec![
+                    ("width".into(), "1920".into()),
+                    ("browser".into(), "none".into())
+                ],
+                command: Cmd::Probe
+            })
+        );
+        assert_eq!(
+            parse(&["protocol-version"]),
+            Ok(Cli::Command {
+                config: None,
+                overrides: vec![],
+                command: Cmd::ProtocolVersion
+            })
+        );
+        assert_eq!(parse(&["--help"]), Ok(Cli::Help));
+        assert_eq!(parse(&["-V"]), Ok(Cli::Version));
+    }
+
+    #[test]
+    fn mistakes_are_errors() {
+        assert!(parse(&["walk"]).is_err());
+        assert!(parse(&["run", "probe"]).is_err());
+        assert!(parse(&["--config"]).is_err());
+        assert!(parse(&["--set", "novalue"]).is_err());
+        assert!(parse(&["--frobnicate"]).is_err());
     }
 }
