@@ -404,6 +404,9 @@ pub enum GuestUpdate {
     Connected(Hello),
     /// A status, pushed by the guest.
     Status(GuestStatus),
+    /// The guest closed the stream cleanly (it is stopping, or restarting
+    /// its socket); the follower reconnects.
+    Closed,
     /// The connection failed or the guest misbehaved; the follower retries.
     Lost(String),
     /// The guest could not be reached within the connect window; the
@@ -424,7 +427,8 @@ where
 {
     let mut failures: u32 = 0;
     loop {
-        let deadline = Instant::now() + connect_within;
+        let begun = Instant::now();
+        let deadline = begun + connect_within;
         let mut pause = Duration::from_millis(5);
         let conn = loop {
             match socket.connect().await {
@@ -438,8 +442,14 @@ where
                         break None;
                     }
                     tokio::time::sleep(pause).await;
-                    // Fast at first (a resume is well under a second), then relaxed.
-                    pause = (pause * 2).min(Duration::from_millis(250));
+                    // Every lost millisecond is resume latency: poll briskly
+                    // while a desktop boots, then relax.
+                    let cap = if begun.elapsed() < Duration::from_secs(5) {
+                        Duration::from_millis(20)
+                    } else {
+                        Duration::from_millis(250)
+                    };
+                    pause = (pause * 2).min(cap);
                 }
             }
         };
@@ -461,6 +471,11 @@ where
         .await;
         match outcome {
             Ok(()) => return,
+            Err(GuestError::Frame(FrameError::Closed)) => {
+                if !emit(GuestUpdate::Closed).await {
+                    return;
+                }
+            }
             Err(e) => {
                 if !emit(GuestUpdate::Lost(e.to_string())).await {
                     return;

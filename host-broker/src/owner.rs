@@ -667,7 +667,8 @@ impl Owner {
         self.dirty.insert(id);
         match update {
             GuestUpdate::Connected(hello) => {
-                tracing::debug!(computer = %id, version = %guest::sanitize(&hello.supervisor_version), "guest supervisor connected");
+                let since_start = c.ready_wait.as_ref().map(|w| w.started.elapsed());
+                tracing::debug!(computer = %id, version = %guest::sanitize(&hello.supervisor_version), ?since_start, "guest supervisor connected");
                 c.guest.hello = Some(hello);
                 c.guest.problem = None;
             }
@@ -675,6 +676,10 @@ impl Owner {
                 c.guest.problem = None;
                 c.guest.status = Some(status);
                 self.check_ready(id);
+            }
+            GuestUpdate::Closed => {
+                tracing::debug!(computer = %id, "guest supervisor closed its stream");
+                c.guest.status = None;
             }
             GuestUpdate::Lost(why) => {
                 let why = guest::sanitize(&why);
@@ -831,6 +836,7 @@ impl Owner {
                 answer_error(op.reply, e);
             }
             (kind, Outcome::Running(Ok(info))) => {
+                tracing::debug!(computer = %id, ms = op.started.elapsed().as_millis() as u64, "{} reached the engine's running state", kind.describe());
                 c.engine = EngineView::Present(Box::new(info));
                 c.last_up = c.engine.is_up();
                 c.image_present = Some(true);

@@ -9,7 +9,7 @@
 //! This module translates; it never decides anything about computers.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
@@ -26,17 +26,23 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use chrono::{TimeZone, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
+use tokio::sync::Mutex;
 
 use super::{
     parse_engine_time, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
     EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, RunState,
 };
 
+/// Bound on connecting to the engine and negotiating the API version.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The Docker engine, through bollard.
 #[derive(Debug, Clone)]
 pub struct DockerEngine {
-    docker: Docker,
-    negotiated: std::sync::Arc<AtomicBool>,
+    /// The negotiated client, made on first successful use. bollard checks
+    /// that a unix socket exists when the client is made, so an engine that
+    /// is not up yet must not stop the broker from starting.
+    client: Arc<Mutex<Option<Docker>>>,
 }
 
 impl DockerEngine {
@@ -44,34 +50,36 @@ impl DockerEngine {
     /// unix socket) and negotiates the API version.
     ///
     /// An engine that is not reachable yet is not an error here (the broker
-    /// must keep serving without one); a malformed `DOCKER_HOST` is.
+    /// must keep serving without one; every verb retries the connection); a
+    /// malformed `DOCKER_HOST` is.
     pub async fn connect() -> Result<DockerEngine, EngineError> {
-        let docker = Docker::connect_with_defaults()
-            .map_err(|e| EngineError::Failed(format!("cannot set up the engine client: {e}")))?;
         let engine = DockerEngine {
-            docker,
-            negotiated: std::sync::Arc::new(AtomicBool::new(false)),
+            client: Arc::new(Mutex::new(None)),
         };
-        if let Err(e) = engine.client().await {
-            tracing::warn!(error = %e, "container engine not reachable yet; will retry on use");
+        match engine.client().await {
+            Ok(_) => Ok(engine),
+            Err(EngineError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "container engine not reachable yet; will retry on use");
+                Ok(engine)
+            }
+            Err(e) => Err(e),
         }
-        Ok(engine)
     }
 
-    /// The client, with the API version negotiated once per process (bollard
-    /// keeps the version in state shared by every clone).
-    async fn client(&self) -> Result<&Docker, EngineError> {
-        if !self.negotiated.load(Ordering::Acquire) {
-            let negotiated = self
-                .docker
-                .clone()
-                .negotiate_version()
-                .await
-                .map_err(map_err)?;
-            tracing::debug!(api = %negotiated.client_version(), "engine API version negotiated");
-            self.negotiated.store(true, Ordering::Release);
+    /// The client, made and version-negotiated once per process.
+    async fn client(&self) -> Result<Docker, EngineError> {
+        let mut slot = self.client.lock().await;
+        if let Some(docker) = slot.as_ref() {
+            return Ok(docker.clone());
         }
-        Ok(&self.docker)
+        let docker = Docker::connect_with_defaults().map_err(map_err)?;
+        let docker = tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version())
+            .await
+            .map_err(|_| EngineError::Unavailable("no answer from the engine".into()))?
+            .map_err(map_err)?;
+        tracing::debug!(api = %docker.client_version(), "engine API version negotiated");
+        *slot = Some(docker.clone());
+        Ok(docker)
     }
 }
 
@@ -417,7 +425,7 @@ impl Engine for DockerEngine {
         filters.insert("type".into(), vec!["container".into()]);
         let options = EventsOptionsBuilder::default().filters(&filters).build();
         let stream = futures_util::stream::once(async move {
-            let docker = engine.client().await?.clone();
+            let docker = engine.client().await?;
             Ok::<_, EngineError>(docker.events(Some(options)))
         });
         stream

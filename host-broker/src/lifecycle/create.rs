@@ -28,17 +28,11 @@ use crate::store::{ensure_dir, Paths, StoreError};
 
 /// The capabilities the supervisor needs as PID 1 (and nothing more): it
 /// chowns and prepares the desk user's home and profile links (`CHOWN`,
-/// `DAC_OVERRIDE`, `FOWNER`), drops to uid/gid 1000 for the desktop
-/// (`SETUID`, `SETGID`) and signals its children on stop (`KILL`).
-/// Must match the supervisor's own list of required capabilities.
-pub const SUPERVISOR_CAPABILITIES: &[&str] = &[
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "SETUID",
-    "SETGID",
-    "KILL",
-];
+/// `DAC_OVERRIDE`), drops to uid/gid 1000 for the desktop (`SETUID`,
+/// `SETGID`) and signals the desktop's processes on stop (`KILL`).
+/// Equal to the supervisor's `REQUIRED_CAPABILITIES` (a test holds the two
+/// together).
+pub const SUPERVISOR_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"];
 
 /// Where the workspace is mounted in the guest.
 pub const GUEST_WORKSPACE: &str = "/home/desk/workspace";
@@ -265,14 +259,7 @@ mod tests {
         assert_eq!(h.cap_drop, vec!["ALL".to_string()]);
         assert_eq!(
             h.cap_add,
-            vec![
-                "CHOWN",
-                "DAC_OVERRIDE",
-                "FOWNER",
-                "SETUID",
-                "SETGID",
-                "KILL"
-            ]
+            vec!["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"]
         );
         assert_eq!(h.security_opt, vec!["no-new-privileges".to_string()]);
         assert_eq!(h.ipc_mode, "private");
