@@ -195,9 +195,8 @@ async fn wait_for_reprobe(
                 if cell.services_epoch() != epoch || !due {
                     return true;
                 }
-                // The report we wrote ourselves, or a change that keeps the
-                // services as probed: keep waiting, but do not mark it seen
-                // again at the top (borrow_and_update there is harmless).
+                // The report we wrote ourselves, or another change that keeps
+                // the services as probed (`changed` marked it seen): wait on.
             }
             () = sleep_until(deadline) => return true,
         }

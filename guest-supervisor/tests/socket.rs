@@ -60,7 +60,7 @@ async fn hello_identity_changes_with_every_start_and_holds_while_running() {
 }
 
 #[tokio::test]
-async fn watch_pushes_ready_and_the_screenshot_is_a_full_png() {
+async fn watch_pushes_ready_and_the_screenshot_is_a_full_png_and_restarts_re_probe() {
     let Some(desktop) = Desktop::create("watch_pushes_ready_and_the_screenshot_is_a_full_png")
     else {
         return;
@@ -130,6 +130,37 @@ async fn watch_pushes_ready_and_the_screenshot_is_a_full_png() {
         }
         other => panic!("status answered {other:?}"),
     }
+
+    // A service restart takes readiness away until a new probe passes; the
+    // watcher (still the first connection) is told both, unasked.
+    let wm_pid = |s: &dormouse_protocol::GuestStatus| {
+        s.services
+            .iter()
+            .find(|s| s.name == "openbox")
+            .and_then(|s| s.pid)
+    };
+    let before = wm_pid(ready).expect("openbox runs");
+    docker_ok(&["exec", desktop.name(), "kill", "-KILL", &before.to_string()]);
+    let mut lost_readiness = false;
+    loop {
+        let Some(frame) = watcher.recv().await else {
+            panic!("watch ended; logs:\n{}", desktop.logs());
+        };
+        let Response::Status(s) = frame.message else {
+            panic!("watch pushed {:?}", frame.message);
+        };
+        lost_readiness |= !s.ready;
+        if s.ready && wm_pid(&s).is_some_and(|pid| pid != before) {
+            assert!(lost_readiness, "ready never dropped during the restart");
+            let probed = s.health.as_ref().map(|h| h.probed_at);
+            assert!(probed > health_probed_at(ready), "not re-probed");
+            break;
+        }
+    }
+}
+
+fn health_probed_at(s: &dormouse_protocol::GuestStatus) -> Option<chrono::DateTime<chrono::Utc>> {
+    s.health.as_ref().map(|h| h.probed_at)
 }
 
 #[tokio::test]
