@@ -226,7 +226,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::stdout();
     match runtime.block_on(run(args, &mut out)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -238,7 +238,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs one command, printing to `out`.
-pub async fn run(args: CliArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
     let token = find_token(&args)?;
     let client = Client::new(&args.url, token, args.generation)?;
     let json = args.json;
@@ -618,7 +618,7 @@ async fn wait_ready(
     initial: ComputerStatus,
     timeout: Duration,
     json: bool,
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
 ) -> Result<ComputerStatus, CliError> {
     let id = initial.id;
     let deadline = tokio::time::Instant::now() + timeout;
@@ -693,7 +693,7 @@ async fn watch_status(
     client: &Client,
     id: Uuid,
     json: bool,
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
     let mut events = client.events().await?;
     while let Some(event) = events.next().await? {
@@ -777,7 +777,7 @@ fn serde_plain<T: serde::Serialize>(value: &T) -> String {
 }
 
 fn print_json<T: serde::Serialize + ?Sized>(
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
     value: &T,
 ) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)
@@ -785,7 +785,11 @@ fn print_json<T: serde::Serialize + ?Sized>(
     writeln!(out, "{text}").map_err(stdout)
 }
 
-fn print_status(out: &mut dyn Write, s: &ComputerStatus, json: bool) -> Result<(), CliError> {
+fn print_status(
+    out: &mut (dyn Write + Send),
+    s: &ComputerStatus,
+    json: bool,
+) -> Result<(), CliError> {
     if json {
         return print_json(out, s);
     }
@@ -844,7 +848,7 @@ fn idle_words(idle: &dormouse_protocol::api::IdleStatus) -> String {
     }
 }
 
-fn print_table(out: &mut dyn Write, list: &[ComputerStatus]) -> Result<(), CliError> {
+fn print_table(out: &mut (dyn Write + Send), list: &[ComputerStatus]) -> Result<(), CliError> {
     if list.is_empty() {
         return writeln!(out, "no desktops (create one with `dormouse create`)").map_err(stdout);
     }

@@ -4,6 +4,7 @@
 
 mod api_support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use api_support::{Harness, TOKEN};
@@ -194,4 +195,54 @@ async fn exit_codes_mean_something() {
     .expect("valid");
     let err = run(parsed, &mut Vec::new()).await.expect_err("unreachable");
     assert_eq!(err.exit_code(), 1);
+}
+
+#[tokio::test]
+async fn status_watch_follows_changes_until_removed() {
+    let h = Harness::new();
+    let id = h.add("zeta", true);
+    let cli = Arc::new(Cli::serve(&h).await);
+    let watcher = {
+        let cli = cli.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { cli.run(&["status", &id, "--watch"]).await })
+    };
+    // The event stream subscribes, then lists for its snapshot: once the
+    // core saw that list, every later change reaches the watcher.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !h.calls().iter().any(|c| c.starts_with("list")) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watcher never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let client = reqwest::Client::new();
+    let base = cli.url.clone();
+    for path in [
+        format!("/v1/computers/{id}/stop"),
+        format!("/v1/computers/{id}/start"),
+    ] {
+        let answer = client
+            .post(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(answer.status(), 200);
+    }
+    let answer = client
+        .delete(format!("{base}/v1/computers/{id}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("remove");
+    assert_eq!(answer.status(), 204);
+    let out = tokio::time::timeout(Duration::from_secs(10), watcher)
+        .await
+        .expect("the watch ends when the desktop is removed")
+        .expect("task")
+        .expect("watch");
+    assert!(out.contains("stopped manually"), "{out}");
+    assert!(out.trim_end().ends_with("removed"), "{out}");
 }

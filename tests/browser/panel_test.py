@@ -348,6 +348,44 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
         driver.quit()
 
 
+def run_polling_fallback(base, token, cid, api, evidence):
+    """Without a WebSocket the panel polls GET /v1/computers every 2 s and
+    still follows a change made elsewhere (here: a stop through the API)."""
+    from selenium.webdriver.common.by import By
+
+    driver = chromium_driver()
+    try:
+        # Before any page script runs: no WebSocket in this page.
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+            window.WebSocket = function () { throw new Error("WebSocket blocked by the test"); };
+            window.__lists = 0;
+            const original = window.fetch;
+            window.fetch = function (input, init) {
+              const url = typeof input === "string" ? input : input.url;
+              if (((init && init.method) || "GET") === "GET" && url.endsWith("/v1/computers")) window.__lists += 1;
+              return original.apply(this, arguments);
+            };"""})
+        driver.get(base + "/")
+        # The token is asked once per tab; a new browser is a new tab.
+        wait_for(driver, lambda d: d.find_element(By.ID, "token").is_displayed(), "the sign-in form")
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
+        card_sel = f'li[data-id="{cid}"]'
+        wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, card_sel), "the desktop's card")
+        wait_for(driver, lambda d: d.find_element(By.ID, "connection").get_attribute("data-mode") == "polling",
+                 "the polling fallback")
+        api.call("POST", f"/v1/computers/{cid}/stop")
+        wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, card_sel + " .state").text == "Stopped manually",
+                 "the stop seen by polling", timeout=60)
+        lists = driver.execute_script("return window.__lists")
+        assert lists >= 2, f"only {lists} list requests while polling"
+        png = evidence / "panel-polling.png"
+        driver.save_screenshot(str(png))
+        log(f"polling fallback: the stop appeared after {lists} list requests; evidence {png}")
+    finally:
+        driver.quit()
+
+
 def prepare_desktop(api, idle_stop):
     """A desktop that was ready once and is now stopped: by its idle timer
     (a 3 s window, set back to a day afterwards) when `idle_stop`, else by
@@ -408,6 +446,7 @@ def main():
             stopped["stop_reason"], "Stopped")
         log(f"stopped with stop_reason {stopped['stop_reason']!r}; the panel must say {expected!r}")
         run_browser(base, token, cid, expected, evidence, broker)
+        run_polling_fallback(base, token, cid, api, evidence)
         log("PASSED")
         print("1 passed, 0 failed")
         return 0

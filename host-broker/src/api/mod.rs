@@ -231,11 +231,11 @@ async fn access_log(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status();
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let ms = format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0);
     if status == StatusCode::UNAUTHORIZED || status.is_server_error() {
-        tracing::warn!(target: "dormouse::access", %method, path, status = status.as_u16(), ms, "request");
+        tracing::warn!(target: "dormouse::access", %method, path, status = status.as_u16(), %ms, "request");
     } else {
-        tracing::info!(target: "dormouse::access", %method, path, status = status.as_u16(), ms, "request");
+        tracing::info!(target: "dormouse::access", %method, path, status = status.as_u16(), %ms, "request");
     }
     response
 }

@@ -84,6 +84,8 @@
         ["dormouse.v1", "dormouse.bearer." + token]);
     } catch (e) {
       startPolling();
+      socketTimer = setTimeout(connect, socketRetryMs);
+      socketRetryMs = Math.min(socketRetryMs * 2, WS_RETRY_MAX_MS);
       return;
     }
     socket = ws;
