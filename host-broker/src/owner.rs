@@ -72,6 +72,7 @@ enum Internal {
     /// A fresh engine view of one computer.
     Refreshed {
         id: Uuid,
+        epoch: u64,
         view: EngineView,
         image_present: Option<bool>,
     },
@@ -438,6 +439,7 @@ impl Owner {
             Internal::OpDone { id, op_id, outcome } => self.on_op_done(id, op_id, *outcome),
             Internal::Refreshed {
                 id,
+                epoch,
                 view,
                 image_present,
             } => {
@@ -445,8 +447,13 @@ impl Owner {
                     return;
                 };
                 c.refresh.in_flight = false;
-                let again = std::mem::take(&mut c.refresh.again);
-                self.apply_view(id, view, image_present);
+                let mut again = std::mem::take(&mut c.refresh.again);
+                if epoch == c.refresh.epoch {
+                    self.apply_view(id, view, image_present);
+                } else {
+                    // Older than an operation's own view: ask again instead.
+                    again = true;
+                }
                 if again {
                     self.refresh(id);
                 }
@@ -493,6 +500,7 @@ impl Owner {
             return;
         }
         c.refresh.in_flight = true;
+        let epoch = c.refresh.epoch;
         let record = c.record.clone();
         let engine = self.ctx.engine.clone();
         let tx = self.internal.clone();
@@ -501,6 +509,7 @@ impl Owner {
             let _ = tx
                 .send(Internal::Refreshed {
                     id,
+                    epoch,
                     view,
                     image_present,
                 })
@@ -783,15 +792,37 @@ impl Owner {
         let Some(c) = self.computers.get_mut(&id) else {
             return;
         };
+        let intent = match kind {
+            // On disk before anyone hears that the stop is under way.
+            OpKind::Stop { reason } => match stop::begin(&self.ctx, id, reason) {
+                Ok(intent) => {
+                    c.stop_record = Some(intent.clone());
+                    Some(intent)
+                }
+                Err(e) => {
+                    tracing::error!(computer = %id, error = %e, "cannot record the stop intent");
+                    answer_error(reply, e);
+                    return;
+                }
+            },
+            _ => None,
+        };
         let ctx = self.ctx.clone();
         let record = c.record.clone();
         let tx = self.internal.clone();
         let abort = self.tasks.spawn(async move {
-            let outcome = match kind {
-                OpKind::Create => Outcome::Running(create::run(&ctx, &record.spec).await),
-                OpKind::Start => Outcome::Running(resume::run(&ctx, &record).await),
-                OpKind::Stop { reason } => Outcome::Stopped(stop::run(&ctx, id, reason).await),
-                OpKind::Remove { purge } => Outcome::Removed(remove::run(&ctx, id, purge).await),
+            let outcome = match (kind, intent) {
+                (OpKind::Create, _) => Outcome::Running(create::run(&ctx, &record.spec).await),
+                (OpKind::Start, _) => Outcome::Running(resume::run(&ctx, &record).await),
+                (OpKind::Stop { .. }, Some(intent)) => {
+                    Outcome::Stopped(stop::run(&ctx, id, intent).await)
+                }
+                (OpKind::Stop { .. }, None) => Outcome::Stopped(Err(BrokerError::Internal(
+                    "a stop without its intent".into(),
+                ))),
+                (OpKind::Remove { purge }, _) => {
+                    Outcome::Removed(remove::run(&ctx, id, purge).await)
+                }
             };
             let _ = tx
                 .send(Internal::OpDone {
@@ -822,6 +853,8 @@ impl Owner {
         let Some(op) = c.op.take() else {
             return;
         };
+        // Whatever an inspect begun before now says is older than this.
+        c.refresh.epoch += 1;
         self.dirty.insert(id);
         match (op.kind, outcome) {
             (kind, Outcome::Running(Ok(info))) if !info.state.is_up() => {

@@ -101,6 +101,7 @@ struct State {
     unavailable: bool,
     failures: HashMap<Verb, Vec<EngineError>>,
     delays: HashMap<Verb, Duration>,
+    next_delays: HashMap<Verb, Vec<Duration>>,
     stop_exit_code: i64,
     next_id: u64,
 }
@@ -222,6 +223,13 @@ impl FakeEngine {
     /// Every later call of `verb` takes this long (tokio time) before acting.
     pub fn delay(&self, verb: Verb, by: Duration) {
         self.lock().delays.insert(verb, by);
+    }
+
+    /// Only the next call of `verb` takes this long (queued in order). An
+    /// `inspect` answers with the state at the time of the call, like an
+    /// engine whose answer is slow to arrive.
+    pub fn delay_next(&self, verb: Verb, by: Duration) {
+        self.lock().next_delays.entry(verb).or_default().push(by);
     }
 
     /// Exit code a container gets from `stop` (0 by default; 137 mimics a
@@ -348,14 +356,25 @@ impl FakeEngine {
     /// Records the call, then applies an injected delay, unavailability or
     /// failure.
     async fn enter(&self, call: Call, verb: Verb) -> Result<(), EngineError> {
-        let delay = {
-            let mut s = self.lock();
-            s.calls.push(call);
-            s.delays.get(&verb).copied()
-        };
+        let delay = self.record(call, verb);
         if let Some(delay) = delay {
             tokio::time::sleep(delay).await;
         }
+        self.check(verb)
+    }
+
+    /// Records a call; returns the delay it is to take.
+    fn record(&self, call: Call, verb: Verb) -> Option<Duration> {
+        let mut s = self.lock();
+        s.calls.push(call);
+        match s.next_delays.get_mut(&verb).filter(|q| !q.is_empty()) {
+            Some(queue) => Some(queue.remove(0)),
+            None => s.delays.get(&verb).copied(),
+        }
+    }
+
+    /// An injected unavailability or failure for this verb, if any.
+    fn check(&self, verb: Verb) -> Result<(), EngineError> {
         let mut s = self.lock();
         if s.unavailable {
             return Err(EngineError::Unavailable(
@@ -564,9 +583,13 @@ impl Engine for FakeEngine {
 
     fn inspect<'a>(&'a self, name: &'a str) -> EngineFuture<'a, Option<ContainerInfo>> {
         Box::pin(async move {
-            self.enter(Call::Inspect(name.to_owned()), Verb::Inspect)
-                .await?;
-            Ok(self.lock().containers.get(name).cloned())
+            let delay = self.record(Call::Inspect(name.to_owned()), Verb::Inspect);
+            let snapshot = self.lock().containers.get(name).cloned();
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            self.check(Verb::Inspect)?;
+            Ok(snapshot)
         })
     }
 

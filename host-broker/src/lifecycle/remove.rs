@@ -17,7 +17,8 @@ pub async fn run(ctx: &OpContext, id: Uuid, purge: bool) -> Result<(), BrokerErr
     let name = container_name(id);
     let info = ctx.engine.inspect(&name).await.map_err(engine_error)?;
     if info.is_some_and(|i| i.state.is_up()) {
-        match stop::run(ctx, id, StopReason::Manual).await {
+        let intent = stop::begin(ctx, id, StopReason::Manual)?;
+        match stop::run(ctx, id, intent).await {
             Ok(_) | Err(BrokerError::WrongState(_)) => {}
             Err(e) => return Err(e),
         }

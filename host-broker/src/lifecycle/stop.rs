@@ -1,9 +1,10 @@
 //! `stop`: quiesce through the supervisor (bounded), then engine stop, with
 //! the reason recorded against the engine's `FinishedAt`.
 //!
-//! Order matters for crash safety: the *intent* is persisted before anything
-//! is asked of the engine, so a broker that dies mid-stop finishes the stop on
-//! its next start-up; the *confirmation* carries `FinishedAt` read by inspect
+//! Order matters for crash safety: the *intent* is persisted ([`begin`])
+//! before the stop is reported as under way or anything is asked of the guest
+//! or the engine, so a broker that dies mid-stop finishes the stop on its next
+//! start-up; the *confirmation* carries `FinishedAt` read by inspect
 //! after the stop, which is what later tells our stop apart from a foreign
 //! one. Stop never removes or recreates anything.
 
@@ -29,8 +30,17 @@ pub struct Stopped {
     pub quiesced: Option<Quiesced>,
 }
 
-/// Stops a running computer for `reason`.
-pub async fn run(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<Stopped, BrokerError> {
+/// Records the intent to stop for `reason` (atomically, fsynced) and returns
+/// it. The owner calls this *before* it reports the stop as under way, so a
+/// broker killed at any later moment finishes the stop on its next start-up.
+pub fn begin(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<StopRecord, BrokerError> {
+    let intent = StopRecord::intent(reason, Utc::now());
+    ctx.stops.save(&stop_key(id), &intent)?;
+    Ok(intent)
+}
+
+/// Stops a running computer whose intent is recorded ([`begin`]).
+pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stopped, BrokerError> {
     let name = container_name(id);
     let info = ctx
         .engine
@@ -39,10 +49,10 @@ pub async fn run(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<Stoppe
         .map_err(engine_error)?
         .ok_or_else(|| BrokerError::WrongState(format!("container {name} is missing")))?;
     if !info.state.is_up() {
+        // Nothing to stop: the intent matches no stop.
+        ctx.stops.clear(&stop_key(id))?;
         return Err(BrokerError::WrongState("the desktop is not running".into()));
     }
-    let intent = StopRecord::intent(reason, Utc::now());
-    ctx.stops.save(&stop_key(id), &intent)?;
     let quiesced = quiesce(ctx, id).await;
     let (info, record) = finish(ctx, id, &intent).await?;
     Ok(Stopped {

@@ -124,6 +124,10 @@ pub struct Refresh {
     pub in_flight: bool,
     /// Another was asked for meanwhile.
     pub again: bool,
+    /// Bumped whenever an operation's own view of the container is applied;
+    /// an inspect begun before that is older than what the operation saw and
+    /// is discarded instead of applied.
+    pub epoch: u64,
 }
 
 /// One computer.

@@ -264,6 +264,37 @@ impl Rig {
         }
     }
 
+    /// Kills the owner task where it stands (a broker crash) and starts a
+    /// new one on the same data directory and engine.
+    async fn crash_and_restart(self) -> Rig {
+        let Rig {
+            dir,
+            fake,
+            script,
+            metrics,
+            handle,
+            task,
+        } = self;
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        drop(handle);
+        let (handle, task) = spawn(
+            config(dir.path(), Duration::from_secs(3600), 4),
+            fake.clone(),
+            metrics.clone(),
+        )
+        .await
+        .unwrap();
+        Rig {
+            dir,
+            fake,
+            script,
+            metrics,
+            handle,
+            task,
+        }
+    }
+
     fn paths(&self) -> Paths {
         Paths::new(self.dir.path())
     }
@@ -608,6 +639,33 @@ async fn dropping_the_broker_leaves_desktops_running_and_reasons_survive() {
     assert_eq!(status.container, ContainerState::Running);
     let status = rig.handle.get(stopped).await.unwrap();
     assert_eq!(status.stop_reason, Some(StopReason::Manual));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_inspect_from_before_an_operation_never_overrides_it() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    let name = Rig::name(id);
+    rig.handle.stop(id, None).await.unwrap();
+    settle().await;
+    // An event makes the owner inspect; the engine's answer (stopped) is slow
+    // and arrives after the start below finished.
+    rig.fake.delay_next(Verb::Inspect, Duration::from_secs(3));
+    rig.fake.emit("die", &name);
+    settle().await;
+    let started = rig.handle.start(id, None).await.unwrap();
+    assert!(started.ready);
+    advance(Duration::from_secs(4)).await;
+    settle().await;
+    let s = rig.handle.get(id).await.unwrap();
+    assert_eq!(s.container, ContainerState::Running, "{s:?}");
+    assert!(s.ready);
+    // A kill afterwards shows the engine's own reason, not our old one.
+    rig.fake.foreign_kill(&name);
+    let s = rig
+        .until(id, "killed", |s| s.container == ContainerState::Stopped)
+        .await;
+    assert_eq!(s.stop_reason, Some(StopReason::Killed));
 }
 
 // ---- stop reasons -------------------------------------------------------------
@@ -1106,6 +1164,48 @@ async fn an_unconfirmed_stop_is_finished_on_start_up() {
     assert_eq!(s.stop_reason, Some(StopReason::Idle));
     assert_eq!(mutations_of(&rig.fake, "stop"), 1);
     assert_eq!(rig.fake.container(&name).unwrap().state, RunState::Exited);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_reported_under_way_is_on_disk_and_survives_a_broker_crash() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    // The stop's first engine call hangs; the broker dies meanwhile.
+    rig.fake
+        .delay_next(Verb::Inspect, Duration::from_secs(1000));
+    let mut events = rig.handle.subscribe();
+    let handle = rig.handle.clone();
+    let stopping = tokio::spawn(async move { handle.stop(id, None).await });
+    let under_way = loop {
+        match events.recv().await.unwrap() {
+            BrokerEvent::Status { computer } if computer.phase == Some(Phase::Stopping) => {
+                break computer
+            }
+            _ => {}
+        }
+    };
+    assert_eq!(under_way.container, ContainerState::Running);
+    let stops = StopReasonStore::new(&rig.paths());
+    let intent = stops.load(&stop_key(id)).unwrap().unwrap();
+    assert_eq!(intent.reason, StopReason::Manual);
+    assert!(!intent.confirmed);
+    drop(events);
+    let rig = rig.crash_and_restart().await;
+    assert!(
+        stopping.await.unwrap().is_err(),
+        "the old broker never answered"
+    );
+    let s = rig
+        .until(id, "finished stop", |s| {
+            s.container == ContainerState::Stopped
+        })
+        .await;
+    assert_eq!(s.stop_reason, Some(StopReason::Manual));
+    assert_eq!(
+        mutations_of(&rig.fake, "stop"),
+        1,
+        "finished by the new broker"
+    );
 }
 
 #[tokio::test(start_paused = true)]
