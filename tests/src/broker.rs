@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::client::ApiClient;
-use crate::TempDir;
+use crate::{TempDir, TEST_LABEL};
 
 /// How long a starting broker may take to answer `/healthz`; it reconciles
 /// its records with the engine first.
@@ -195,6 +195,16 @@ impl BrokerProcess {
             .collect()
     }
 
+    /// The value of [`TEST_LABEL`] on this broker's containers.
+    pub fn run_label(&self) -> String {
+        self.root
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("dormouse-e2e")
+            .to_owned()
+    }
+
     fn note(&self, line: &str) {
         if let Ok(mut log) = File::options().append(true).open(&self.log_path) {
             let _ = writeln!(log, "=== {} {line}", chrono::Utc::now().to_rfc3339());
@@ -226,10 +236,16 @@ impl BrokerProcess {
         if let Some(max) = self.options.max_instances {
             cmd.arg("--max-instances").arg(max.to_string());
         }
+        // Every container of this broker carries the test label with a value
+        // unique to this data directory: stray hunts find it, and the broker
+        // watches only its own containers.
+        cmd.arg("--label")
+            .arg(format!("{TEST_LABEL}={}", self.run_label()));
         cmd.args(&self.options.extra_args)
             .env(
                 "RUST_LOG",
-                std::env::var("DORMOUSE_E2E_BROKER_LOG").unwrap_or_else(|_| "info".into()),
+                std::env::var("DORMOUSE_E2E_BROKER_LOG")
+                    .unwrap_or_else(|_| "info,dormouse::access=warn".into()),
             )
             // Plain text in the log file, not terminal colours.
             .env("NO_COLOR", "1")
@@ -304,15 +320,19 @@ impl BrokerProcess {
     }
 
     /// Removes every container that belongs to a computer of this data
-    /// directory: by name (`dormouse-<id>` for each computer directory) and,
-    /// for containers whose directory is already gone, by the labelled
-    /// containers whose mounts come from this data directory.
+    /// directory: by name (`dormouse-<id>` for each computer directory), by
+    /// this broker's test label, and, for containers made before the label
+    /// was set, by the broker's label and mounts from this data directory.
     pub fn remove_containers(&self) {
         let mut names: BTreeSet<String> = self
             .computer_ids()
             .into_iter()
             .map(|id| format!("dormouse-{id}"))
             .collect();
+        names.extend(containers_labelled(&format!(
+            "{TEST_LABEL}={}",
+            self.run_label()
+        )));
         names.extend(labelled_containers_mounting(&self.data_dir));
         if names.is_empty() {
             return;
@@ -351,20 +371,25 @@ impl Drop for BrokerProcess {
     }
 }
 
-/// Names of containers with the broker's label that mount something from
-/// under `data_dir`.
-fn labelled_containers_mounting(data_dir: &Path) -> Vec<String> {
+/// IDs of containers carrying `label` (`KEY` or `KEY=VALUE`).
+fn containers_labelled(label: &str) -> Vec<String> {
     let Ok(out) = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label={COMPUTER_LABEL}")])
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
         .stdin(Stdio::null())
         .output()
     else {
         return Vec::new();
     };
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_owned)
-        .collect();
+        .collect()
+}
+
+/// Names of containers with the broker's label that mount something from
+/// under `data_dir`.
+fn labelled_containers_mounting(data_dir: &Path) -> Vec<String> {
+    let ids = containers_labelled(COMPUTER_LABEL);
     if ids.is_empty() {
         return Vec::new();
     }

@@ -90,8 +90,8 @@ async fn serve_cookie_page(guest: &Guest, value: &str) -> Result<u16> {
         .sh_ok(
             GuestUser::Desk,
             &format!(
-                "for i in $(seq 1 200); do grep -q listening {log} 2>/dev/null && exit 0; \
-                 grep -q . {log} 2>/dev/null && break; sleep 0.05; done; cat {log}; exit 1"
+                "for i in $(seq 1 200); do grep -q . {log} 2>/dev/null && break; sleep 0.05; done; \
+                 grep -q listening {log} && exit 0; cat {log}; exit 1"
             ),
         )
         .await
