@@ -87,6 +87,17 @@ async fn wait_until(
     }
 }
 
+/// A refused request: method, path, body, `Dormouse-Generation`, the status
+/// and error code it must get.
+type BadRequest = (
+    Method,
+    String,
+    Option<String>,
+    Option<&'static str>,
+    StatusCode,
+    &'static str,
+);
+
 /// What must not change when a request is refused.
 fn fingerprint(status: &Value) -> Value {
     serde_json::json!({
@@ -151,14 +162,7 @@ async fn bad_requests_change_nothing_on_a_real_desktop() {
         r#"{{"idle_timeout_ms": 5000, "pad": "{}"}}"#,
         "x".repeat(100 * 1024)
     );
-    let cases: Vec<(
-        Method,
-        String,
-        Option<String>,
-        Option<&str>,
-        StatusCode,
-        &str,
-    )> = vec![
+    let cases: Vec<BadRequest> = vec![
         (
             Method::PATCH,
             format!("/v1/computers/{id}"),
