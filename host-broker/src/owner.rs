@@ -404,12 +404,13 @@ impl Owner {
                     .clone()
                     .or_else(|| c.guest.status.as_ref().and_then(|s| s.problem.clone()))
                     .unwrap_or_else(|| "the guest did not report ready".into());
-                let error = BrokerError::Guest(format!(
+                let problem = format!(
                     "not ready within {:?}: {why}",
                     self.ctx.config.ready_timeout
-                ));
-                c.op_problem = Some(error.to_string());
-                fail_ready_wait(c, error);
+                );
+                tracing::warn!(computer = %id, %problem, "desktop did not get ready");
+                c.op_problem = Some(problem);
+                c.ready_wait = None;
                 self.dirty.insert(id);
             }
             let Some(c) = self.computers.get_mut(&id) else {
@@ -541,10 +542,7 @@ impl Owner {
             tracing::info!(computer = %id, "container went down");
             disarm_idle(c);
             stop_follower(c);
-            fail_ready_wait(
-                c,
-                BrokerError::WrongState("the container stopped before it was ready".into()),
-            );
+            c.ready_wait = None;
         }
         let start_follower = !was_up && now_up;
         if start_follower {
@@ -702,7 +700,7 @@ impl Owner {
                 c.follower = None;
                 c.guest.problem = Some(why.clone());
                 c.guest.status = None;
-                fail_ready_wait(c, BrokerError::Guest(why));
+                c.ready_wait = None;
             }
         }
     }
@@ -726,10 +724,6 @@ impl Owner {
             tracing::info!(computer = %id, ms, "resumed: ready");
         } else {
             tracing::info!(computer = %id, ms, "created: ready");
-        }
-        if let Some(reply) = wait.reply {
-            let status = self.status(id);
-            let _ = reply.send(status);
         }
     }
 
@@ -878,17 +872,15 @@ impl Owner {
                     c.stop_record = None;
                 }
                 arm_idle(c, now);
-                let reply = match op.reply {
-                    OpReply::Status(reply) => Some(reply),
-                    _ => None,
-                };
                 c.ready_wait = Some(ReadyWait {
-                    reply,
                     started: op.started,
                     deadline: now + self.ctx.config.ready_timeout,
                     resume: kind == OpKind::Start,
                 });
                 self.start_follower(id);
+                // The answer comes once the container runs; readiness follows
+                // in the status and on the event stream.
+                self.answer(id, op.reply);
             }
             (kind, Outcome::Running(Err(e))) => {
                 tracing::warn!(computer = %id, error = %e, "{} failed", kind.describe());
@@ -904,10 +896,7 @@ impl Owner {
                 c.op_problem = None;
                 disarm_idle(c);
                 stop_follower(c);
-                fail_ready_wait(
-                    c,
-                    BrokerError::WrongState("stopped before it was ready".into()),
-                );
+                c.ready_wait = None;
                 if reason == StopReason::Idle {
                     self.metrics.idle_stop();
                 }
@@ -983,7 +972,7 @@ impl Owner {
         for t in c.takeovers.drain(..) {
             let _ = t.reply.send(Err(BrokerError::NotFound(id)));
         }
-        fail_ready_wait(&mut c, BrokerError::NotFound(id));
+        c.ready_wait = None;
         let mut result = Ok(());
         if let Err(e) = self.store.delete(id, purge) {
             result = Err(BrokerError::from(e));
@@ -1040,7 +1029,7 @@ impl Owner {
                 current: c.record.generation,
             },
         );
-        fail_ready_wait(c, BrokerError::Guest("fenced by a lease takeover".into()));
+        c.ready_wait = None;
         let later = Instant::now() + grace;
         for t in &mut c.takeovers {
             t.deadline = later;
@@ -1314,10 +1303,7 @@ impl Owner {
         }
         // A manual stop cancels the idle timer.
         disarm_idle(c);
-        fail_ready_wait(
-            c,
-            BrokerError::WrongState("stopped before it was ready".into()),
-        );
+        c.ready_wait = None;
         self.launch(
             id,
             OpKind::Stop {
@@ -1344,10 +1330,7 @@ impl Owner {
             return Err(Refused(reply, e));
         }
         disarm_idle(c);
-        fail_ready_wait(
-            c,
-            BrokerError::WrongState("removed before it was ready".into()),
-        );
+        c.ready_wait = None;
         self.launch(id, OpKind::Remove { purge }, OpReply::Unit(reply));
         Ok(())
     }
@@ -1536,14 +1519,6 @@ fn stop_follower(c: &mut Computer) {
         f.abort.abort();
     }
     c.guest = Default::default();
-}
-
-fn fail_ready_wait(c: &mut Computer, error: BrokerError) {
-    if let Some(wait) = c.ready_wait.take() {
-        if let Some(reply) = wait.reply {
-            let _ = reply.send(Err(error));
-        }
-    }
 }
 
 fn answer_error(reply: OpReply, error: BrokerError) {

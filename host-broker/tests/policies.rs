@@ -19,7 +19,10 @@ use dormouse_broker::metrics::Metrics;
 use dormouse_broker::{owner, BrokerError};
 use dormouse_e2e::{desktop_image, docker_available, TempDir};
 use dormouse_protocol::api::{ContainerState, CreateComputer, LeaseRequest, StopReason};
-use engine_support::{broker_config, engine_events, engine_now, log, RunGuard};
+use engine_support::{broker_config, engine_events, engine_now, log, wait_ready, RunGuard};
+
+/// How long a real desktop may take to get ready on a busy test machine.
+const READY_LIMIT: Duration = Duration::from_secs(90);
 
 async fn engine() -> Arc<dyn Engine> {
     Arc::new(DockerEngine::connect().await.unwrap())
@@ -44,6 +47,7 @@ async fn an_idle_desktop_is_only_stopped_and_the_reason_outlives_the_broker() {
         .await
         .unwrap();
     let id = broker.create(CreateComputer::default()).await.unwrap().id;
+    wait_ready(&broker, id, READY_LIMIT).await;
     let since = engine_now();
     let t = Instant::now();
     let stopped = loop {
@@ -83,8 +87,8 @@ async fn an_idle_desktop_is_only_stopped_and_the_reason_outlives_the_broker() {
     let (broker, _core) = owner::spawn(config, engine().await, metrics).await.unwrap();
     let status = broker.get(id).await.unwrap();
     assert_eq!(status.stop_reason, Some(StopReason::Idle));
-    let resumed = broker.start(id, None).await.unwrap();
-    assert!(resumed.ready);
+    broker.start(id, None).await.unwrap();
+    let resumed = wait_ready(&broker, id, READY_LIMIT).await;
     assert_eq!(resumed.stop_reason, None);
     drop(guard);
 }
@@ -108,6 +112,7 @@ async fn stale_generations_are_refused_and_resume_ignores_capacity() {
         .await
         .unwrap();
     let a = broker.create(CreateComputer::default()).await.unwrap().id;
+    wait_ready(&broker, a, READY_LIMIT).await;
 
     let grant = broker
         .lease(
@@ -139,8 +144,8 @@ async fn stale_generations_are_refused_and_resume_ignores_capacity() {
     let b = broker.create(CreateComputer::default()).await.unwrap().id;
     let err = broker.create(CreateComputer::default()).await.unwrap_err();
     assert_eq!(err.code(), "capacity");
-    let resumed = broker.start(a, Some(1)).await.unwrap();
-    assert!(resumed.ready);
+    broker.start(a, Some(1)).await.unwrap();
+    wait_ready(&broker, a, READY_LIMIT).await;
     assert_eq!(
         broker.get(b).await.unwrap().container,
         ContainerState::Running

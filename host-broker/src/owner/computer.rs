@@ -73,11 +73,11 @@ pub struct InFlight {
     pub abort: AbortHandle,
 }
 
-/// A create or start whose container runs, waiting for the guest's `ready`.
+/// A create or start whose container runs, until the guest says `ready`
+/// (for the resume-latency metric, the readiness deadline, and to keep the
+/// idle timer off a desktop that is still booting).
 #[derive(Debug)]
 pub struct ReadyWait {
-    /// Whom to answer.
-    pub reply: Option<Reply<ComputerStatus>>,
     /// When the operation began.
     pub started: Instant,
     /// Give up at.

@@ -299,8 +299,19 @@ impl Rig {
         Paths::new(self.dir.path())
     }
 
+    /// Creates a computer and waits until it is ready.
     async fn create(&self) -> ComputerStatus {
-        self.handle.create(CreateComputer::default()).await.unwrap()
+        let created = self.handle.create(CreateComputer::default()).await.unwrap();
+        assert_eq!(created.container, ContainerState::Running, "{created:?}");
+        self.until(created.id, "ready after create", |s| s.ready)
+            .await
+    }
+
+    /// Starts a computer and waits until it is ready.
+    async fn start(&self, id: Uuid) -> ComputerStatus {
+        let started = self.handle.start(id, None).await.unwrap();
+        assert_eq!(started.container, ContainerState::Running, "{started:?}");
+        self.until(id, "ready after start", |s| s.ready).await
     }
 
     fn name(id: Uuid) -> String {
@@ -368,9 +379,13 @@ fn mutations_of(fake: &FakeEngine, verb: &str) -> usize {
 #[tokio::test(start_paused = true)]
 async fn create_ready_stop_start_ready() {
     let rig = Rig::new(Duration::from_secs(3600)).await;
-    let created = rig.create().await;
-    assert_eq!(created.container, ContainerState::Running);
-    assert!(created.ready, "create answers once ready: {created:?}");
+    let answered = rig.handle.create(CreateComputer::default()).await.unwrap();
+    assert_eq!(
+        answered.container,
+        ContainerState::Running,
+        "answered once running"
+    );
+    let created = rig.until(answered.id, "ready", |s| s.ready).await;
     assert_eq!(created.image_id, IMAGE);
     assert_eq!(created.phase, Some(Phase::Ready));
     let id = created.id;
@@ -389,8 +404,7 @@ async fn create_ready_stop_start_ready() {
     assert_eq!(stopped.stopped_at, finished);
     assert!(stopped.resumable, "{:?}", stopped.resumable_problem);
 
-    let started = rig.handle.start(id, None).await.unwrap();
-    assert!(started.ready);
+    let started = rig.start(id).await;
     assert_eq!(started.stop_reason, None, "a start clears the reason");
     assert_eq!(started.stopped_at, None);
     assert_eq!(
@@ -566,8 +580,7 @@ async fn resume_is_never_counted_against_capacity() {
         .await
         .unwrap_err();
     assert!(matches!(err, BrokerError::Capacity { .. }));
-    let resumed = rig.handle.start(a, None).await.unwrap();
-    assert!(resumed.ready);
+    rig.start(a).await;
     assert_eq!(mutations_of(&rig.fake, "create"), 2);
     assert!(rig.handle.get(b).await.unwrap().ready);
 }
@@ -653,8 +666,7 @@ async fn a_slow_inspect_from_before_an_operation_never_overrides_it() {
     rig.fake.delay_next(Verb::Inspect, Duration::from_secs(3));
     rig.fake.emit("die", &name);
     settle().await;
-    let started = rig.handle.start(id, None).await.unwrap();
-    assert!(started.ready);
+    rig.start(id).await;
     advance(Duration::from_secs(4)).await;
     settle().await;
     let s = rig.handle.get(id).await.unwrap();
@@ -676,7 +688,7 @@ async fn foreign_stops_and_kills_never_show_our_reason() {
     let id = rig.create().await.id;
     let name = Rig::name(id);
     rig.handle.stop(id, None).await.unwrap();
-    rig.handle.start(id, None).await.unwrap();
+    rig.start(id).await;
 
     rig.fake.foreign_stop(&name);
     let s = rig
@@ -684,14 +696,14 @@ async fn foreign_stops_and_kills_never_show_our_reason() {
         .await;
     assert_eq!(s.stop_reason, None, "a foreign stop has no reason");
 
-    rig.handle.start(id, None).await.unwrap();
+    rig.start(id).await;
     rig.fake.foreign_kill(&name);
     let s = rig
         .until(id, "killed", |s| s.container == ContainerState::Stopped)
         .await;
     assert_eq!(s.stop_reason, Some(StopReason::Killed));
 
-    rig.handle.start(id, None).await.unwrap();
+    rig.start(id).await;
     rig.fake.oom_kill(&name);
     let s = rig
         .until(id, "oom", |s| s.container == ContainerState::Stopped)
@@ -699,7 +711,7 @@ async fn foreign_stops_and_kills_never_show_our_reason() {
     assert_eq!(s.stop_reason, Some(StopReason::Oom));
 
     // Our stop, then a foreign start and stop: the timestamp moved on.
-    rig.handle.start(id, None).await.unwrap();
+    rig.start(id).await;
     rig.handle.stop(id, None).await.unwrap();
     rig.fake.foreign_start(&name);
     rig.until(id, "running", |s| s.container == ContainerState::Running)
@@ -1069,8 +1081,7 @@ async fn a_missing_engine_gives_engine_unavailable_and_the_broker_keeps_serving(
     assert!(!s.resumable);
     assert_eq!(rig.handle.list().await.unwrap().len(), 1);
     rig.fake.set_unavailable(false);
-    let s = rig.handle.start(id, None).await.unwrap();
-    assert!(s.ready);
+    rig.start(id).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -1078,20 +1089,10 @@ async fn a_misbehaving_guest_degrades_only_its_computer() {
     let rig = Rig::new(Duration::from_secs(3600)).await;
     let good = rig.create().await.id;
     rig.script.misbehave.store(true, Ordering::SeqCst);
-    let err = rig
-        .handle
-        .create(CreateComputer::default())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), "guest");
+    let bad = rig.handle.create(CreateComputer::default()).await.unwrap();
     let bad = rig
-        .handle
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|s| s.id != good)
-        .unwrap();
+        .until(bad.id, "degraded", |s| s.phase == Some(Phase::Degraded))
+        .await;
     assert_eq!(bad.container, ContainerState::Running);
     assert!(!bad.ready);
     assert_eq!(bad.phase, Some(Phase::Degraded));
@@ -1116,9 +1117,8 @@ async fn a_symlink_planted_at_the_socket_is_refused() {
         let _ = std::fs::remove_file(&socket);
         std::os::unix::fs::symlink(&decoy, &socket).unwrap();
     });
-    let err = rig.handle.start(id, None).await.unwrap_err();
-    assert_eq!(err.code(), "guest");
-    let s = rig.handle.get(id).await.unwrap();
+    rig.handle.start(id, None).await.unwrap();
+    let s = rig.until(id, "refused", |s| s.problem.is_some()).await;
     assert!(!s.ready);
     assert!(
         s.problem.as_deref().is_some_and(|p| p.contains("symlink")),
@@ -1127,17 +1127,19 @@ async fn a_symlink_planted_at_the_socket_is_refused() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_guest_that_never_gets_ready_times_out_the_start() {
+async fn a_guest_that_never_gets_ready_is_reported_after_the_deadline() {
     let rig = Rig::new(Duration::from_secs(3600)).await;
     let id = rig.create().await.id;
     rig.handle.stop(id, None).await.unwrap();
     rig.script.never_ready.store(true, Ordering::SeqCst);
-    let err = rig.handle.start(id, None).await.unwrap_err();
-    assert!(
-        matches!(&err, BrokerError::Guest(m) if m.contains("not ready within")),
-        "{err}"
-    );
-    let s = rig.handle.get(id).await.unwrap();
+    rig.handle.start(id, None).await.unwrap();
+    let s = rig
+        .until(id, "the readiness deadline", |s| {
+            s.problem
+                .as_deref()
+                .is_some_and(|p| p.contains("not ready within"))
+        })
+        .await;
     assert_eq!(s.container, ContainerState::Running);
     assert!(!s.ready);
 }

@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use dormouse_broker::BrokerConfig;
+use dormouse_broker::{BrokerConfig, BrokerHandle};
 use dormouse_e2e::{docker, docker_ok, unique_name, TEST_LABEL};
+use dormouse_protocol::api::{BrokerEvent, ComputerStatus};
+use uuid::Uuid;
 
 /// Label that ties every container of one test run together.
 pub const RUN_LABEL: &str = "dev.dormouse.test.run";
@@ -106,4 +108,46 @@ pub fn log() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// Waits (on the event stream, with a read first) until the computer is
+/// ready; panics with the last status after `limit`.
+pub async fn wait_ready(broker: &BrokerHandle, id: Uuid, limit: Duration) -> ComputerStatus {
+    wait_until(broker, id, limit, "ready", |s| s.ready).await
+}
+
+/// Waits (on the event stream, with a read first) until `pred` holds.
+pub async fn wait_until(
+    broker: &BrokerHandle,
+    id: Uuid,
+    limit: Duration,
+    what: &str,
+    pred: impl Fn(&ComputerStatus) -> bool,
+) -> ComputerStatus {
+    let mut events = broker.subscribe();
+    let now = broker.get(id).await.unwrap();
+    if pred(&now) {
+        return now;
+    }
+    let wait = async {
+        loop {
+            match events.recv().await {
+                Ok(BrokerEvent::Status { computer }) if computer.id == id && pred(&computer) => {
+                    return *computer;
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    let now = broker.get(id).await.unwrap();
+                    if pred(&now) {
+                        return now;
+                    }
+                }
+                Err(e) => panic!("event stream ended: {e}"),
+            }
+        }
+    };
+    match tokio::time::timeout(limit, wait).await {
+        Ok(status) => status,
+        Err(_) => panic!("not {what} within {limit:?}: {:?}", broker.get(id).await),
+    }
 }
