@@ -473,6 +473,7 @@ async fn supervise(
         let attempt = match run_once(&spec, idx, &ctx, &mut stop, &pid_tx).await {
             Attempt::Stopped(clean) => {
                 pid_tx.send_replace(None);
+                stopped(&ctx, idx);
                 return clean;
             }
             Attempt::Failed(cause) => cause,
