@@ -669,3 +669,49 @@ fn quiesce_closes_the_browser_cleanly_and_keeps_the_desktop() {
     let (_, code) = desk.stop();
     assert_eq!(code, 0);
 }
+
+#[test]
+fn a_crash_loop_degrades_the_desktop_with_its_reason() {
+    let test = "a_crash_loop_degrades_the_desktop_with_its_reason";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image) = desktop_image(test) else {
+        return;
+    };
+    // The image has no Google Chrome: the autostart fails every time.
+    let desk = Desktop::run(
+        "crashloop",
+        &image,
+        &[
+            "DORMOUSE_BROWSER=google-chrome",
+            "DORMOUSE_CRASH_LOOP_FAILURES=3",
+        ],
+    );
+    desk.wait_for_x();
+    let mut last = None;
+    desk.wait_until("the desktop turns degraded", || {
+        let Response::Status(status) = ask(&desk, &Request::Status) else {
+            return false;
+        };
+        let degraded = status.phase == dormouse_protocol::Phase::Degraded;
+        last = Some(status);
+        degraded
+    });
+    let status = last.unwrap();
+    let problem = status.problem.clone().unwrap_or_default();
+    assert!(problem.contains("browser: crash loop"), "{status:?}");
+    assert!(
+        problem.contains("cannot start"),
+        "the cause is named: {status:?}"
+    );
+    let browser = status
+        .services
+        .iter()
+        .find(|s| s.name == "browser")
+        .unwrap();
+    assert_eq!(browser.state, ServiceRunState::Failed, "{status:?}");
+    assert!(!status.ready);
+    let (_, code) = desk.stop();
+    assert_eq!(code, 0);
+}
