@@ -9,7 +9,7 @@ use std::time::Duration;
 use dormouse_protocol::api::{
     ApiError, BrokerEvent, ComputerStatus, ContainerState, CreateComputer,
 };
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -261,7 +261,10 @@ impl ApiClient {
         let (ws, _) = tokio_tungstenite::connect_async(req)
             .await
             .map_err(|e| ClientError::Events(format!("connect {url}: {e}")))?;
-        Ok(EventStream { ws: Some(ws) })
+        Ok(EventStream {
+            ws: Some(ws),
+            trace: None,
+        })
     }
 
     /// Waits until `pred` holds for computer `id`: first by a GET (the state
@@ -278,7 +281,12 @@ impl ApiClient {
     ) -> Result<Seen, ClientError> {
         let started = Instant::now();
         let deadline = started + timeout;
+        // Events already delivered are history: the GET answers with the
+        // state now, and anything pushed before that answer is older than it
+        // (on loopback the push is in our socket before the GET's answer).
+        events.discard_buffered();
         let now = self.get(id).await?;
+        events.discard_buffered();
         if pred(&now) {
             return Ok(Seen {
                 status: now,
@@ -354,9 +362,18 @@ pub fn is_ready(status: &ComputerStatus) -> bool {
 #[derive(Debug)]
 pub struct EventStream {
     ws: Option<WebSocketStream<MaybeTlsStream<TcpStream>>>,
+    /// When set, every event is printed to stderr with the time since this
+    /// instant (for harnesses that need a timeline).
+    trace: Option<Instant>,
 }
 
 impl EventStream {
+    /// Prints every event received from now on to stderr, stamped with the
+    /// milliseconds since `epoch`.
+    pub fn trace_since(&mut self, epoch: Instant) {
+        self.trace = Some(epoch);
+    }
+
     /// Whether the stream still delivers.
     pub fn is_open(&self) -> bool {
         self.ws.is_some()
@@ -365,6 +382,29 @@ impl EventStream {
     /// Forgets the connection (after an error or a broker restart).
     pub fn close(&mut self) {
         self.ws = None;
+    }
+
+    /// Drops every event that has already arrived, without waiting.
+    pub fn discard_buffered(&mut self) {
+        while let Some(ws) = self.ws.as_mut() {
+            match ws.next().now_or_never() {
+                Some(Some(Ok(Message::Text(text)))) => {
+                    if let (Some(epoch), Ok(event)) = (
+                        self.trace,
+                        serde_json::from_str::<BrokerEvent>(text.as_str()),
+                    ) {
+                        eprintln!(
+                            "  {:>7} ms  (history) {}",
+                            epoch.elapsed().as_millis(),
+                            summarize(&event)
+                        );
+                    }
+                }
+                Some(Some(Ok(_))) => {}
+                Some(Some(Err(_)) | None) => self.ws = None,
+                None => return,
+            }
+        }
     }
 
     /// The next event; pings and other control frames are skipped. Once it
@@ -395,10 +435,35 @@ impl EventStream {
                 }
                 _ => continue,
             };
-            return serde_json::from_str(text).map_err(|e| ClientError::Contract {
+            let event = serde_json::from_str(text).map_err(|e| ClientError::Contract {
                 path: "/v1/events".into(),
                 detail: format!("{e}: {text}"),
             });
+            if let (Some(epoch), Ok(event)) = (self.trace, &event) {
+                eprintln!(
+                    "  {:>7} ms  event {}",
+                    epoch.elapsed().as_millis(),
+                    summarize(event)
+                );
+            }
+            return event;
         }
+    }
+}
+
+/// One line about an event, for traces.
+pub fn summarize(event: &BrokerEvent) -> String {
+    match event {
+        BrokerEvent::Status { computer: c } => format!(
+            "status {} container={:?} ready={} phase={:?} stop_reason={:?} resumable={} {}",
+            c.id,
+            c.container,
+            c.ready,
+            c.phase,
+            c.stop_reason,
+            c.resumable,
+            c.resumable_problem.as_deref().unwrap_or("")
+        ),
+        BrokerEvent::Removed { id } => format!("removed {id}"),
     }
 }

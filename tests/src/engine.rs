@@ -10,8 +10,9 @@ use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use anyhow::{bail, ensure, Context, Result};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
 /// Runs `docker` with these arguments.
@@ -85,6 +86,92 @@ pub async fn inspect(name: &str) -> Result<Option<ContainerFacts>> {
 /// `docker kill -s KILL`: the container dies without any chance to clean up.
 pub async fn kill(name: &str) -> Result<()> {
     docker_ok(&["kill", "-s", "KILL", name]).await.map(drop)
+}
+
+/// The engine's unix socket: `$DOCKER_HOST` when it is `unix://…`, else the
+/// default path.
+fn engine_socket() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_owned())
+}
+
+/// `POST path` (no body) straight to the engine's API socket, without the
+/// CLI's process start: for timing (the floor) and for kills that must land
+/// at a precise moment. Returns the HTTP status and the body.
+pub async fn api_post(path: &str) -> Result<(u16, String)> {
+    api_request("POST", path).await
+}
+
+/// `GET path` on the engine's API socket; status and body.
+pub async fn api_get(path: &str) -> Result<(u16, String)> {
+    api_request("GET", path).await
+}
+
+async fn api_request(method: &str, path: &str) -> Result<(u16, String)> {
+    let socket = engine_socket();
+    let mut stream = UnixStream::connect(&socket)
+        .await
+        .with_context(|| format!("connecting to {socket}"))?;
+    // HTTP/1.0: the engine answers without chunked encoding and closes.
+    let request = format!("{method} {path} HTTP/1.0\r\nHost: docker\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("{method} {path}: not an HTTP answer: {answer:?}"))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Polls the engine API (every 2 ms, no CLI) until container `name` runs
+/// with a `StartedAt` other than `previous`: the moment a start took effect,
+/// as precisely as the engine tells it.
+pub async fn wait_running(name: &str, previous: &str, timeout: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let (status, body) = api_get(&format!("/containers/{name}/json")).await?;
+        ensure!(status == 200, "inspect {name} answered {status}");
+        let state: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("inspect {name}: not JSON"))?;
+        let running = state["State"]["Running"].as_bool() == Some(true);
+        let started = state["State"]["StartedAt"].as_str().unwrap_or_default();
+        if running && started != previous {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{name} did not start within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// What [`kill_now`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Killed {
+    /// The container was running and got SIGKILL.
+    Killed,
+    /// It was not running (any more).
+    NotRunning,
+}
+
+/// SIGKILL through the engine API, as fast as the engine can deliver it.
+pub async fn kill_now(name: &str) -> Result<Killed> {
+    let (status, body) = api_post(&format!("/containers/{name}/kill?signal=KILL")).await?;
+    match status {
+        204 => Ok(Killed::Killed),
+        409 if body.contains("is not running") => Ok(Killed::NotRunning),
+        _ => bail!("engine kill of {name} answered {status}: {}", body.trim()),
+    }
 }
 
 /// A time as `docker events --since` takes it: Unix seconds with nanoseconds.

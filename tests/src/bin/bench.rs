@@ -23,7 +23,6 @@ use dormouse_e2e::guest::Guest;
 use dormouse_e2e::latency::{ms, Samples};
 use dormouse_e2e::{unique_name, ContainerGuard, TempDir, TEST_LABEL};
 use dormouse_protocol::api::CreateComputer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -212,25 +211,12 @@ async fn floor(image: &str, runs: usize) -> Result<(Samples, Samples)> {
 /// `POST /containers/{name}/start` on the engine's unix socket; the time
 /// from connect to the answer.
 async fn engine_api_start(name: &str) -> Result<Duration> {
-    let socket = std::env::var("DOCKER_HOST")
-        .ok()
-        .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
-        .unwrap_or_else(|| "/var/run/docker.sock".to_owned());
     let started = Instant::now();
-    let mut stream = tokio::net::UnixStream::connect(&socket)
-        .await
-        .with_context(|| format!("connecting to {socket}"))?;
-    let request = format!(
-        "POST /containers/{name}/start HTTP/1.1\r\nHost: docker\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
+    let (status, body) = engine::api_post(&format!("/containers/{name}/start")).await?;
     let elapsed = started.elapsed();
-    let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
     ensure!(
-        head.starts_with("HTTP/1.1 204") || head.starts_with("HTTP/1.0 204"),
-        "engine start of {name} answered {head:?}"
+        status == 204,
+        "engine start of {name} answered {status}: {body}"
     );
     Ok(elapsed)
 }

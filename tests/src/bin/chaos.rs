@@ -21,13 +21,10 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, ClientError, EventStream};
-use dormouse_e2e::engine::{self, EngineEventRecorder};
+use dormouse_e2e::engine::{self, EngineEventRecorder, Killed};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::latency::{ms, Samples};
-use dormouse_protocol::api::{
-    BrokerEvent, ComputerStatus, ContainerState, CreateComputer, StopReason,
-};
-use dormouse_protocol::guest::Phase;
+use dormouse_protocol::api::{ComputerStatus, ContainerState, CreateComputer, StopReason};
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -56,10 +53,17 @@ struct Args {
     /// Percent of cycles in which the broker is killed (SIGKILL) too.
     #[arg(long, default_value_t = 25)]
     broker_kill_percent: u32,
+    /// Kill only at these moments (comma-separated: boot, prepare, probe,
+    /// ready, stop); all of them by default.
+    #[arg(long, value_delimiter = ',')]
+    moments: Vec<Moment>,
+    /// Print a timeline of every action and every pushed status.
+    #[arg(long)]
+    verbose: bool,
 }
 
 /// When in a desktop's life the kill lands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 enum Moment {
     /// Right after the engine started the container.
     Boot,
@@ -160,7 +164,7 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = chaos.run(args.cycles).await;
+    let outcome = chaos.run(args.cycles, &args.moments).await;
     chaos.finish(outcome).await
 }
 
@@ -176,10 +180,16 @@ struct Chaos {
     broker_kill_percent: u32,
     files: Vec<Written>,
     resumes: Samples,
+    /// Container running (as the broker reports it) → ready, per resume.
+    guest_boot: Samples,
+    /// How long a stop through the API takes, per stop.
+    stops: Samples,
     failures: usize,
     lost_files: usize,
     cycles_done: usize,
-    /// Guest phase seen when each kill landed, per intended moment.
+    /// Timeline origin when `--verbose`.
+    trace: Option<Instant>,
+    /// How far the guest got before each kill, per intended moment.
     phases_at_kill: BTreeMap<(Moment, String), usize>,
 }
 
@@ -209,7 +219,7 @@ impl Chaos {
             .sh_ok(GuestUser::Desk, &format!("mkdir -p {GUEST_DIR}"))
             .await?;
         eprintln!("dormouse-chaos: computer {id}, image {image}");
-        Ok(Self {
+        let mut chaos = Self {
             broker,
             api,
             events,
@@ -221,18 +231,30 @@ impl Chaos {
             broker_kill_percent: args.broker_kill_percent,
             files: Vec::new(),
             resumes: Samples::new(),
+            guest_boot: Samples::new(),
+            stops: Samples::new(),
             failures: 0,
             lost_files: 0,
             cycles_done: 0,
             phases_at_kill: BTreeMap::new(),
-        })
+            trace: args.verbose.then(Instant::now),
+        };
+        if let Some(epoch) = chaos.trace {
+            chaos.events.trace_since(epoch);
+        }
+        Ok(chaos)
     }
 
-    async fn run(&mut self, cycles: usize) -> Result<()> {
+    async fn run(&mut self, cycles: usize, moments: &[Moment]) -> Result<()> {
+        let moments = if moments.is_empty() {
+            &MOMENTS[..]
+        } else {
+            moments
+        };
         let mut plan = Vec::new();
         while plan.len() < cycles {
-            // Every moment equally often: shuffled blocks of all five.
-            let mut block = MOMENTS.to_vec();
+            // Every moment equally often: shuffled blocks of all of them.
+            let mut block = moments.to_vec();
             block.shuffle(&mut self.rng);
             plan.extend(block);
         }
@@ -274,42 +296,78 @@ impl Chaos {
         Ok(())
     }
 
+    /// With `--verbose`: one line of the timeline.
+    fn note(&self, what: &str) {
+        if let Some(epoch) = self.trace {
+            eprintln!("  {:>7} ms  {what}", epoch.elapsed().as_millis());
+        }
+    }
+
+    /// New event stream (after a broker restart), traced when verbose.
+    async fn reconnect(&mut self) -> Result<()> {
+        self.api = self.broker.client();
+        self.events = self.api.events().await?;
+        if let Some(epoch) = self.trace {
+            self.events.trace_since(epoch);
+        }
+        Ok(())
+    }
+
     /// One kill and resume; returns a line for the log.
     async fn cycle(&mut self, n: usize, moment: Moment, broker_kill: BrokerKill) -> Result<String> {
+        self.note(&format!("cycle {n}: {moment}, broker {broker_kill}"));
         self.write_files(n).await?;
-        let seen_phase = match moment {
+        let killed = match moment {
             Moment::Boot | Moment::Prepare | Moment::Probe => {
                 self.stop_through_api().await?;
-                let asked = Instant::now();
-                self.start_through_api().await?;
-                let phase = self.wait_for_moment(moment, asked).await;
-                self.kill(broker_kill).await?;
-                phase
+                let previous = engine::inspect(self.guest.container())
+                    .await?
+                    .context("the container is gone")?
+                    .started_at;
+                // POST start answers once the desktop is ready, so it stays in
+                // flight while the kill lands. The moment is taken from the
+                // engine itself, polled without the CLI.
+                self.note("POST start (in flight)");
+                let starting = self.spawn_start(false);
+                engine::wait_running(self.guest.container(), &previous, STOPPED_TIMEOUT).await?;
+                let running = Instant::now();
+                let delay = self.kill_delay(moment);
+                self.note(&format!("running; kill in {} ms", delay.as_millis()));
+                tokio::time::sleep_until(running + delay).await;
+                let killed = self.kill(broker_kill, false).await?;
+                // The start fails (the container died before it was ready)
+                // or, had it been ready already, succeeds; either is fair.
+                let _ = starting.await;
+                killed
             }
             Moment::Ready => {
                 let delay = self.rng.gen_range(0..500);
                 tokio::time::sleep(Duration::from_millis(delay)).await;
-                self.kill(broker_kill).await?;
-                "ready".to_owned()
+                self.kill(broker_kill, false).await?
             }
             Moment::Stop => {
                 let api = self.api.clone();
                 let id = self.id;
                 let stopping = tokio::spawn(async move { api.stop(id).await });
-                let delay = self.rng.gen_range(0..400);
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-                let phase = self.last_phase().await;
-                self.kill(broker_kill).await?;
+                // Somewhere inside the stop, as long as stops took so far.
+                let typical = self
+                    .stops
+                    .p50()
+                    .unwrap_or(Duration::from_millis(200))
+                    .as_secs_f64();
+                let delay = Duration::from_secs_f64(typical * self.rng.gen_range(0.0..0.9));
+                self.note(&format!(
+                    "POST stop (in flight); kill in {} ms",
+                    delay.as_millis()
+                ));
+                tokio::time::sleep(delay).await;
+                let killed = self.kill(broker_kill, true).await?;
                 // The stop may fail (the container died under it, or the
                 // broker did); only the resume that follows must succeed.
                 let _ = stopping.await;
-                phase
+                killed
             }
         };
-        *self
-            .phases_at_kill
-            .entry((moment, seen_phase.clone()))
-            .or_default() += 1;
 
         let stopped = self
             .api
@@ -317,7 +375,20 @@ impl Chaos {
             .await
             .context("the broker never reported the killed container stopped")?
             .status;
-        check_reason(moment, &stopped)?;
+        // Where the guest really was, by its own log of the run that died.
+        let reached = if killed == Killed::NotRunning {
+            "stopped-before-kill".to_owned()
+        } else {
+            self.reached_before_kill().await
+        };
+        *self
+            .phases_at_kill
+            .entry((moment, reached.clone()))
+            .or_default() += 1;
+        if let Err(e) = check_reason(moment, &stopped) {
+            let facts = engine::inspect(self.guest.container()).await.ok().flatten();
+            return Err(e.context(format!("engine: {facts:?}")));
+        }
 
         let took = self.resume().await?;
         self.resumes.push(took);
@@ -332,7 +403,7 @@ impl Chaos {
             now.id
         );
         Ok(format!(
-            "phase_at_kill={seen_phase} reason={} resume_ms={} files={} ok",
+            "guest_reached={reached} reason={} resume_ms={} files={} ok",
             stopped
                 .stop_reason
                 .map(|r| format!("{r:?}").to_lowercase())
@@ -342,6 +413,40 @@ impl Chaos {
         ))
     }
 
+    /// How long after the engine reported the container running the kill is
+    /// sent: at once (boot), within the first tens of milliseconds
+    /// (preparation), or at a share of the guest's typical time from running
+    /// to ready, measured on every resume of this run (services and probe).
+    fn kill_delay(&mut self, moment: Moment) -> Duration {
+        let boot = self
+            .guest_boot
+            .p50()
+            .unwrap_or(Duration::from_millis(400))
+            .as_secs_f64();
+        match moment {
+            Moment::Boot => Duration::ZERO,
+            // Preparation takes tens of milliseconds on a small home.
+            Moment::Prepare => Duration::from_millis(self.rng.gen_range(0..40)),
+            _ => Duration::from_secs_f64(boot * self.rng.gen_range(0.3..0.95)),
+        }
+    }
+
+    /// The furthest milestone the supervisor logged in the run that was just
+    /// killed (the container has not been started again yet).
+    async fn reached_before_kill(&self) -> String {
+        let name = self.guest.container();
+        let Ok(Some(facts)) = engine::inspect(name).await else {
+            return "unknown".into();
+        };
+        match engine::docker(&["logs", "--since", &facts.started_at, name]).await {
+            Ok(out) => {
+                let mut logs = String::from_utf8_lossy(&out.stdout).into_owned();
+                logs.push_str(&String::from_utf8_lossy(&out.stderr));
+                milestone(&logs).to_owned()
+            }
+            Err(_) => "unknown".into(),
+        }
+    }
     /// Writes one file from inside the guest and one into the workspace on
     /// the host, both fsynced, and remembers them.
     async fn write_files(&mut self, n: usize) -> Result<()> {
@@ -407,105 +512,88 @@ impl Chaos {
     }
 
     async fn stop_through_api(&mut self) -> Result<()> {
+        self.note("POST stop");
+        let asked = Instant::now();
         self.api.stop(self.id).await?;
+        self.stops.push(asked.elapsed());
+        self.note("POST stop answered");
         self.api
             .wait_stopped(&mut self.events, self.id, STOPPED_TIMEOUT)
             .await?;
         Ok(())
     }
 
-    /// `POST start`, retried while the broker still settles the last stop
-    /// (409 for a short while is fair; forever is not).
-    async fn start_through_api(&mut self) -> Result<ComputerStatus> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            match self.api.start(self.id).await {
-                Ok(status) => return Ok(status),
-                Err(e @ ClientError::Api { .. })
-                    if e.status() == Some(StatusCode::CONFLICT) && Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e.into()),
+    /// `POST start` in the background (it answers once the desktop is ready).
+    /// `retry`: retry while the broker is still settling a stop; never for a
+    /// start that is about to be killed, whose failure is the point.
+    fn spawn_start(&self, retry: bool) -> tokio::task::JoinHandle<Result<ComputerStatus>> {
+        let api = self.api.clone();
+        let id = self.id;
+        tokio::spawn(async move {
+            if retry {
+                start_retrying(&api, id).await
+            } else {
+                Ok(api.start(id).await?)
             }
-        }
+        })
     }
 
-    /// POST start → ready pushed; the resume latency.
+    /// POST start → ready pushed; the resume latency. Also learns how long
+    /// the guest takes from a running container to ready.
     async fn resume(&mut self) -> Result<Duration> {
+        self.note("resume: POST start");
         let asked = Instant::now();
-        self.start_through_api().await?;
-        let seen = self
+        let starting = self.spawn_start(true);
+        let running = self
+            .api
+            .wait_for(
+                &mut self.events,
+                self.id,
+                "the container runs",
+                READY_TIMEOUT,
+                |s| s.container == ContainerState::Running,
+            )
+            .await?;
+        let ready = self
             .api
             .wait_ready(&mut self.events, self.id, READY_TIMEOUT)
             .await
             .with_context(|| format!("resume; broker log:\n{}", self.broker.log_tail(2000)))?;
-        Ok(seen.at.duration_since(asked))
-    }
-
-    /// Waits until the guest reaches `moment` as far as the broker's pushes
-    /// tell, or a random delay runs out; returns the phase seen last.
-    async fn wait_for_moment(&mut self, moment: Moment, asked: Instant) -> String {
-        let (target, max_delay_ms) = match moment {
-            Moment::Boot => (None, self.rng.gen_range(0..30)),
-            Moment::Prepare => (Some(1), self.rng.gen_range(10..200)),
-            _ => (Some(2), self.rng.gen_range(50..1500)),
-        };
-        let extra = Duration::from_millis(self.rng.gen_range(0..100));
-        let deadline = asked + Duration::from_millis(max_delay_ms);
-        let mut last = "container-started".to_owned();
-        let Some(target) = target else {
-            tokio::time::sleep_until(deadline).await;
-            return last;
-        };
-        loop {
-            tokio::select! {
-                event = self.events.next_event(), if self.events.is_open() => match event {
-                    Ok(BrokerEvent::Status { computer }) if computer.id == self.id => {
-                        last = describe(&computer);
-                        if phase_rank(&computer) >= target {
-                            if moment == Moment::Probe {
-                                tokio::time::sleep(extra.min(deadline.saturating_duration_since(Instant::now()))).await;
-                            }
-                            return last;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => self.events.close(),
-                },
-                _ = tokio::time::sleep_until(deadline) => return last,
-            }
+        starting
+            .await
+            .context("start task")?
+            .context("POST start after the kill")?;
+        if !running.status.ready && ready.at > running.at {
+            self.guest_boot.push(ready.at.duration_since(running.at));
         }
+        Ok(ready.at.duration_since(asked))
     }
 
-    async fn last_phase(&mut self) -> String {
-        match self.api.get(self.id).await {
-            Ok(status) => describe(&status),
-            Err(_) => "unknown".into(),
-        }
-    }
-
-    /// Kills the container, and the broker before or after it as planned
-    /// (then starts the broker again on the same data directory).
-    async fn kill(&mut self, broker_kill: BrokerKill) -> Result<()> {
+    /// Kills the container (SIGKILL through the engine API, so it lands
+    /// when meant), and the broker before or after it as planned, then
+    /// starts the broker again on the same data directory. A container that
+    /// is not running is an error unless a stop was racing the kill.
+    async fn kill(&mut self, broker_kill: BrokerKill, racing_stop: bool) -> Result<Killed> {
         if broker_kill == BrokerKill::Before {
             self.broker.kill(Signal::SIGKILL).await?;
+            self.note("broker killed");
         }
-        if let Err(e) = engine::kill(self.guest.container()).await {
-            // A stop that already finished leaves nothing to kill.
-            if !format!("{e:#}").contains("is not running") {
-                return Err(e);
-            }
-        }
+        let killed = engine::kill_now(self.guest.container()).await?;
+        self.note(&format!("container kill: {killed:?}"));
+        ensure!(
+            killed == Killed::Killed || racing_stop,
+            "the container was not running when it was to be killed"
+        );
         if broker_kill == BrokerKill::After {
             self.broker.kill(Signal::SIGKILL).await?;
+            self.note("broker killed");
         }
         if broker_kill != BrokerKill::Spared {
             self.broker.start_again().await?;
-            self.api = self.broker.client();
-            self.events = self.api.events().await?;
+            self.note("broker started again");
+            self.reconnect().await?;
         }
-        Ok(())
+        Ok(killed)
     }
 
     /// After a failed cycle: a running broker and a ready desktop again.
@@ -513,11 +601,10 @@ impl Chaos {
         if self.broker.pid().is_none() || !self.api.healthy().await {
             self.broker.restart().await?;
         }
-        self.api = self.broker.client();
-        self.events = self.api.events().await?;
+        self.reconnect().await?;
         let status = self.api.get(self.id).await?;
         if status.container != ContainerState::Running {
-            self.start_through_api().await?;
+            start_retrying(&self.api, self.id).await?;
         }
         self.api
             .wait_ready(&mut self.events, self.id, READY_TIMEOUT)
@@ -537,7 +624,7 @@ impl Chaos {
                 eprintln!("dormouse-chaos: {e:#}");
             }
         }
-        eprintln!("dormouse-chaos: guest phase seen when the kill landed, per intended moment:");
+        eprintln!("dormouse-chaos: how far the guest got before the kill (its own log), per intended moment:");
         for ((moment, phase), count) in &self.phases_at_kill {
             eprintln!("  {moment:<8} {phase:<22} {count}");
         }
@@ -565,6 +652,51 @@ impl Chaos {
     }
 }
 
+/// `POST start`, retried while the broker still settles the last stop (409
+/// "… in progress" for a short while is fair; forever is not). Any other
+/// refusal is an answer.
+async fn start_retrying(api: &ApiClient, id: Uuid) -> Result<ComputerStatus> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match api.start(id).await {
+            Ok(status) => return Ok(status),
+            Err(ClientError::Api {
+                status, message, ..
+            }) if status == StatusCode::CONFLICT
+                && message.contains("in progress")
+                && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The furthest milestone in the supervisor's log of one run: `boot` (no
+/// word yet), `prepare`, `services`, `probe`, `ready`, then, for a stop,
+/// `quiesced` (browsers closed) and `sigterm` (the engine's stop arrived).
+/// Diagnostic only: it reads the supervisor's human log lines.
+fn milestone(logs: &str) -> &'static str {
+    let milestones = [
+        ("stopping signal=", "sigterm"),
+        ("browsers closed", "quiesced"),
+        ("self-probe", "ready"),
+        ("service ready service=\"vnc\"", "probe"),
+        ("prepared", "services"),
+        ("supervisor starting", "prepare"),
+    ];
+    for (needle, name) in milestones {
+        let found = logs.lines().any(|line| {
+            line.contains(needle) && (needle != "self-probe" || line.contains("overall=Ok"))
+        });
+        if found {
+            return name;
+        }
+    }
+    "boot"
+}
+
 /// The reason a killed desktop shows must be one the broker can stand by:
 /// never `idle`, and `manual` only when a manual stop was under way.
 fn check_reason(moment: Moment, status: &ComputerStatus) -> Result<()> {
@@ -584,27 +716,6 @@ fn check_reason(moment: Moment, status: &ComputerStatus) -> Result<()> {
         status.resumable_problem
     );
     Ok(())
-}
-
-fn phase_rank(status: &ComputerStatus) -> u8 {
-    if status.ready {
-        return 3;
-    }
-    match status.phase {
-        None => 0,
-        Some(Phase::Preparing) => 1,
-        Some(Phase::Starting) => 2,
-        Some(Phase::Ready | Phase::Degraded) => 3,
-        Some(Phase::Stopping) => 4,
-    }
-}
-
-fn describe(status: &ComputerStatus) -> String {
-    match (status.container, status.phase) {
-        (ContainerState::Running, Some(phase)) => format!("{phase:?}").to_lowercase(),
-        (ContainerState::Running, None) => "container-started".into(),
-        (state, _) => format!("container-{state:?}").to_lowercase(),
-    }
 }
 
 /// Writes `contents` to `path` on the host (temp file, fsync, rename, fsync
@@ -639,6 +750,21 @@ async fn resolve_image(image: Option<&str>) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn milestones_follow_the_supervisor_log() {
+        assert_eq!(milestone(""), "boot");
+        assert_eq!(milestone("INFO supervisor starting version=1"), "prepare");
+        assert_eq!(milestone("x\nINFO prepared new_start=true"), "services");
+        assert_eq!(
+            milestone("INFO service ready service=\"vnc\" pid=14"),
+            "probe"
+        );
+        assert_eq!(milestone("INFO self-probe epoch=1 overall=Fail"), "boot");
+        assert_eq!(milestone("INFO self-probe epoch=7 overall=Ok"), "ready");
+        assert_eq!(milestone("INFO browsers closed closed=[]"), "quiesced");
+        assert_eq!(milestone("INFO stopping signal=SIGTERM"), "sigterm");
+    }
 
     #[test]
     fn a_kill_never_shows_idle_and_shows_manual_only_mid_stop() {
