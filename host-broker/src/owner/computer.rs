@@ -200,9 +200,15 @@ impl Computer {
         }
     }
 
-    /// Whether the guest's self-probe passed on this container start.
+    /// Whether the guest's self-probe passed on this container start (and
+    /// the desktop is not being stopped or removed).
     pub fn is_ready(&self) -> bool {
-        self.engine.is_up()
+        let leaving = matches!(
+            self.op.as_ref().map(|o| o.kind),
+            Some(OpKind::Stop { .. } | OpKind::Remove { .. })
+        );
+        !leaving
+            && self.engine.is_up()
             && self.guest.problem.is_none()
             && self.guest.status.as_ref().is_some_and(|s| s.ready)
     }
