@@ -569,14 +569,15 @@ async fn run_once(
     tracing::info!(service = spec.name, pid, program = %spec.program, "service started");
 
     let tail = Tail::default();
+    let mut stderr_task = None;
     if let Some(stderr) = io.stderr.take() {
         match pipe_reader(stderr) {
             Ok(reader) => {
-                tokio::spawn(output::forward(
+                stderr_task = Some(tokio::spawn(output::forward(
                     spec.name,
                     LineReader::new(reader),
                     tail.clone(),
-                ));
+                )));
             }
             Err(e) => tracing::warn!(service = spec.name, error = %e, "cannot read stderr"),
         }
@@ -657,8 +658,11 @@ async fn run_once(
     };
     // Helpers of a dead leader (e.g. a browser's renderers) go with it.
     kill_group_leftovers(pid);
-    // Let the last lines of its output arrive before classifying.
-    tokio::task::yield_now().await;
+    // The last lines it wrote name the cause: read them to the end of the
+    // pipe before classifying (bounded: a stray process could hold it open).
+    if let Some(task) = stderr_task {
+        let _ = tokio::time::timeout(Duration::from_millis(250), task).await;
+    }
     Attempt::Failed(restart::classify(spec.kind, exit, &tail.lines()))
 }
 
