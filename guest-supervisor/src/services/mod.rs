@@ -145,6 +145,11 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
                 "-shared".into(),
                 "-nopw".into(),
                 "-noipv6".into(),
+                // Accept in its own thread: without it an idle x11vnc polls
+                // for new clients only every ~200 ms, which readiness waits out.
+                "-threads".into(),
+                // Leave key autorepeat alone on every (probe) connection.
+                "-repeat".into(),
                 // Its banner of tips is noise in the log; `PORT=` still comes.
                 "-quiet".into(),
             ],

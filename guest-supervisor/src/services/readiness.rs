@@ -16,7 +16,7 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::connection::Connection as _;
 use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 use x11rb::protocol::Event;
@@ -121,14 +121,41 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         Ok(reply.value_len > 0)
     };
-    if present(&conn)? {
-        return Ok(());
-    }
-    loop {
-        match conn.wait_for_event().map_err(|e| e.to_string())? {
-            Event::PropertyNotify(e) if e.atom == atom && present(&conn)? => return Ok(()),
-            _ => {}
+    if !present(&conn)? {
+        loop {
+            match conn.wait_for_event().map_err(|e| e.to_string())? {
+                Event::PropertyNotify(e) if e.atom == atom && present(&conn)? => break,
+                _ => {}
+            }
         }
+    }
+    paint_root_background(&conn, root);
+    Ok(())
+}
+
+/// Gives the bare desktop a calm solid colour instead of X's black, so a
+/// person looking at a preview can tell a live, empty desktop from a dead
+/// screen. Cosmetic: a failure is logged and ignored.
+fn paint_root_background(conn: &RustConnection, root: u32) {
+    const DESKTOP_RGB: u32 = 0x3b_5b_7a;
+    let Some(screen) = conn.setup().roots.first() else {
+        return;
+    };
+    if screen.root_depth != 24 {
+        return;
+    }
+    let painted = (|| -> Result<(), x11rb::errors::ReplyError> {
+        conn.change_window_attributes(
+            root,
+            &ChangeWindowAttributesAux::new().background_pixel(DESKTOP_RGB),
+        )?
+        .check()?;
+        conn.clear_area(false, root, 0, 0, 0, 0)?;
+        conn.flush()?;
+        Ok(())
+    })();
+    if let Err(e) = painted {
+        tracing::debug!(target: "service", "root background not painted: {e}");
     }
 }
 
@@ -156,6 +183,9 @@ pub async fn vnc<R: AsyncRead + Unpin>(
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    // Speaking first spares the server's wait for a silent client's version
+    // (about 100 ms in x11vnc); the banner is still read and checked.
+    conn.write_all(b"RFB 003.008\n").await?;
     let mut banner = [0u8; 12];
     conn.read_exact(&mut banner).await?;
     if banner.starts_with(b"RFB ") {
