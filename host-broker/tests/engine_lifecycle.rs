@@ -40,7 +40,9 @@ const READY_LIMIT: Duration = Duration::from_secs(90);
 /// image under test (`DORMOUSE_PLAIN_IMAGE` overrides it).
 fn plain_image(test: &str) -> Option<String> {
     match std::env::var("DORMOUSE_PLAIN_IMAGE") {
-        Ok(image) => Some(docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])),
+        Ok(image) => Some(docker_ok(&[
+            "image", "inspect", "--format", "{{.Id}}", &image,
+        ])),
         Err(_) => desktop_image(test),
     }
 }
