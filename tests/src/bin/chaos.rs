@@ -355,7 +355,8 @@ impl Chaos {
                     .p50()
                     .unwrap_or(Duration::from_millis(200))
                     .as_secs_f64();
-                let delay = Duration::from_secs_f64(typical * self.rng.gen_range(0.0..0.9));
+                // The answer comes a little after the engine's stop ended.
+                let delay = Duration::from_secs_f64(typical * self.rng.gen_range(0.0..0.6));
                 self.note(&format!(
                     "POST stop (in flight); kill in {} ms",
                     delay.as_millis()
@@ -415,8 +416,8 @@ impl Chaos {
 
     /// How long after the engine reported the container running the kill is
     /// sent: at once (boot), within the first tens of milliseconds
-    /// (preparation), or at a share of the guest's typical time from running
-    /// to ready, measured on every resume of this run (services and probe).
+    /// (preparation), or late in the guest's typical time from running to
+    /// ready, measured on every resume of this run (services ending, probe).
     fn kill_delay(&mut self, moment: Moment) -> Duration {
         let boot = self
             .guest_boot
@@ -427,7 +428,8 @@ impl Chaos {
             Moment::Boot => Duration::ZERO,
             // Preparation takes tens of milliseconds on a small home.
             Moment::Prepare => Duration::from_millis(self.rng.gen_range(0..40)),
-            _ => Duration::from_secs_f64(boot * self.rng.gen_range(0.3..0.95)),
+            // The probe is the last stretch before ready.
+            _ => Duration::from_secs_f64(boot * self.rng.gen_range(0.6..1.0)),
         }
     }
 
