@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 
 use super::{
     normalize_cap, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
-    EngineEvent, EngineFuture, ImageInfo, MountInfo, RunState,
+    EngineEvent, EngineFuture, ImageInfo, RunState,
 };
 
 /// One call made to the fake, in order.
@@ -463,17 +463,6 @@ impl Engine for FakeEngine {
                     .iter()
                     .map(|c| format!("CAP_{}", normalize_cap(c)))
                     .collect();
-                let mut mounts: Vec<MountInfo> = spec
-                    .mounts
-                    .iter()
-                    .map(|m| MountInfo {
-                        kind: "bind".into(),
-                        source: m.source.to_string_lossy().into_owned(),
-                        target: m.target.clone(),
-                        read_only: m.read_only,
-                    })
-                    .collect();
-                mounts.sort();
                 let info = ContainerInfo {
                     id: id.clone(),
                     name: spec.name.clone(),
@@ -485,7 +474,7 @@ impl Engine for FakeEngine {
                     finished_at: None,
                     exit_code: Some(0),
                     oom_killed: false,
-                    mounts,
+                    mounts: spec.mount_infos(),
                     networks: vec![spec.hardening.network_mode.clone()],
                     published_ports: false,
                     hardening,

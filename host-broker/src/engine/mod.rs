@@ -75,6 +75,18 @@ pub struct MountInfo {
     pub read_only: bool,
 }
 
+impl From<&BindMount> for MountInfo {
+    /// How the engine reports a bind mount it was given.
+    fn from(m: &BindMount) -> Self {
+        MountInfo {
+            kind: "bind".into(),
+            source: m.source.to_string_lossy().into_owned(),
+            target: m.target.clone(),
+            read_only: m.read_only,
+        }
+    }
+}
+
 /// CPU, memory and process limits of a container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -187,6 +199,16 @@ pub struct ContainerSpec {
     /// leave it empty: the image's entrypoint is the supervisor (PID 1).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+}
+
+impl ContainerSpec {
+    /// The mounts `inspect` reports for a container created from this spec,
+    /// sorted: the form in which "mounted as created" is compared.
+    pub fn mount_infos(&self) -> Vec<MountInfo> {
+        let mut mounts: Vec<MountInfo> = self.mounts.iter().map(MountInfo::from).collect();
+        mounts.sort();
+        mounts
+    }
 }
 
 /// The run state the engine reports.

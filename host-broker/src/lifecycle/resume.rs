@@ -10,7 +10,7 @@
 use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
 
 use super::{container_name, engine_error, stop_key, OpContext};
-use crate::engine::{ContainerInfo, MountInfo};
+use crate::engine::ContainerInfo;
 use crate::error::BrokerError;
 use crate::store::ComputerRecord;
 
@@ -112,17 +112,7 @@ pub fn check(
             info.limits, spec.limits
         ));
     }
-    let mut want_mounts: Vec<MountInfo> = spec
-        .mounts
-        .iter()
-        .map(|m| MountInfo {
-            kind: "bind".into(),
-            source: m.source.to_string_lossy().into_owned(),
-            target: m.target.clone(),
-            read_only: m.read_only,
-        })
-        .collect();
-    want_mounts.sort();
+    let want_mounts = spec.mount_infos();
     let mut have_mounts = info.mounts.clone();
     have_mounts.sort();
     if have_mounts != want_mounts {
@@ -188,7 +178,7 @@ pub async fn run(ctx: &OpContext, record: &ComputerRecord) -> Result<ContainerIn
 mod tests {
     use super::*;
     use crate::config::BrokerConfig;
-    use crate::engine::RunState;
+    use crate::engine::{MountInfo, RunState};
     use crate::lifecycle::create::container_spec;
     use crate::store::{computer::RECORD_SCHEMA, Paths};
     use uuid::Uuid;
@@ -217,16 +207,7 @@ mod tests {
             finished_at: None,
             exit_code: Some(0),
             oom_killed: false,
-            mounts: spec
-                .mounts
-                .iter()
-                .map(|m| MountInfo {
-                    kind: "bind".into(),
-                    source: m.source.to_string_lossy().into_owned(),
-                    target: m.target.clone(),
-                    read_only: false,
-                })
-                .collect(),
+            mounts: spec.mount_infos(),
             networks: vec!["none".into()],
             published_ports: false,
             hardening,
