@@ -167,41 +167,12 @@ mod tests {
     use dormouse_protocol::api::StopReason;
 
     use super::*;
-    use crate::engine::{Hardening, Limits, RunState};
+    use crate::engine::RunState;
 
     fn info(state: RunState, finished_at: Option<chrono::DateTime<Utc>>) -> EngineView {
         EngineView::Present(Box::new(ContainerInfo {
-            id: "c".into(),
-            name: "n".into(),
-            image: "i".into(),
-            hostname: "h".into(),
-            labels: Default::default(),
             state,
-            started_at: None,
-            finished_at,
-            exit_code: Some(0),
-            oom_killed: false,
-            mounts: vec![],
-            networks: vec![],
-            published_ports: false,
-            hardening: Hardening {
-                network_mode: "none".into(),
-                cap_add: vec![],
-                cap_drop: vec![],
-                security_opt: vec![],
-                ipc_mode: String::new(),
-                cgroupns_mode: String::new(),
-                privileged: false,
-                publish_all_ports: false,
-                restart_policy: String::new(),
-                init: false,
-            },
-            limits: Limits {
-                nano_cpus: 0,
-                memory: 0,
-                memory_swap: 0,
-                pids_limit: 0,
-            },
+            ..ContainerInfo::test_stopped(finished_at, 0)
         }))
     }
 

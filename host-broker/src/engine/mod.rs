@@ -295,6 +295,47 @@ pub struct ContainerInfo {
     pub limits: Limits,
 }
 
+#[cfg(test)]
+impl ContainerInfo {
+    /// A stopped (exited) container with empty settings, for unit tests that
+    /// only care about how and when it stopped.
+    pub(crate) fn test_stopped(finished_at: Option<DateTime<Utc>>, exit_code: i64) -> Self {
+        ContainerInfo {
+            id: "c".into(),
+            name: "dormouse-x".into(),
+            image: "sha256:i".into(),
+            hostname: "h".into(),
+            labels: BTreeMap::new(),
+            state: RunState::Exited,
+            started_at: None,
+            finished_at,
+            exit_code: Some(exit_code),
+            oom_killed: false,
+            mounts: vec![],
+            networks: vec![],
+            published_ports: false,
+            hardening: Hardening {
+                network_mode: "none".into(),
+                cap_add: vec![],
+                cap_drop: vec![],
+                security_opt: vec![],
+                ipc_mode: String::new(),
+                cgroupns_mode: String::new(),
+                privileged: false,
+                publish_all_ports: false,
+                restart_policy: String::new(),
+                init: false,
+            },
+            limits: Limits {
+                nano_cpus: 0,
+                memory: 0,
+                memory_swap: 0,
+                pids_limit: 0,
+            },
+        }
+    }
+}
+
 /// A container in a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSummary {

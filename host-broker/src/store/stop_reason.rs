@@ -122,43 +122,7 @@ mod tests {
     use chrono::Duration;
 
     use super::*;
-    use crate::engine::{Hardening, Limits, RunState};
-
-    fn stopped(finished_at: Option<DateTime<Utc>>, exit_code: i64) -> ContainerInfo {
-        ContainerInfo {
-            id: "c".into(),
-            name: "dormouse-x".into(),
-            image: "sha256:i".into(),
-            hostname: "h".into(),
-            labels: Default::default(),
-            state: RunState::Exited,
-            started_at: None,
-            finished_at,
-            exit_code: Some(exit_code),
-            oom_killed: false,
-            mounts: vec![],
-            networks: vec![],
-            published_ports: false,
-            hardening: Hardening {
-                network_mode: "none".into(),
-                cap_add: vec![],
-                cap_drop: vec![],
-                security_opt: vec![],
-                ipc_mode: String::new(),
-                cgroupns_mode: String::new(),
-                privileged: false,
-                publish_all_ports: false,
-                restart_policy: String::new(),
-                init: false,
-            },
-            limits: Limits {
-                nano_cpus: 0,
-                memory: 0,
-                memory_swap: 0,
-                pids_limit: 0,
-            },
-        }
-    }
+    use crate::engine::RunState;
 
     fn store() -> (tempfile::TempDir, StopReasonStore) {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -174,7 +138,7 @@ mod tests {
         store.save("k", &rec).expect("save");
         let loaded = store.load("k").expect("load");
         assert_eq!(
-            effective_reason(loaded.as_ref(), &stopped(Some(t), 0)),
+            effective_reason(loaded.as_ref(), &ContainerInfo::test_stopped(Some(t), 0)),
             Some(StopReason::Idle)
         );
     }
@@ -191,14 +155,17 @@ mod tests {
             .expect("save");
         let other = store.load("other").expect("load");
         assert_eq!(other, None);
-        assert_eq!(effective_reason(other.as_ref(), &stopped(Some(t), 0)), None);
+        assert_eq!(
+            effective_reason(other.as_ref(), &ContainerInfo::test_stopped(Some(t), 0)),
+            None
+        );
     }
 
     #[test]
     fn a_changed_timestamp_has_no_reason() {
         let t = Utc::now();
         let rec = StopRecord::intent(StopReason::Manual, t).confirm(Some(t));
-        let later = stopped(Some(t + Duration::seconds(5)), 0);
+        let later = ContainerInfo::test_stopped(Some(t + Duration::seconds(5)), 0);
         assert_eq!(effective_reason(Some(&rec), &later), None);
     }
 
@@ -206,7 +173,7 @@ mod tests {
     fn a_running_container_has_no_reason() {
         let t = Utc::now();
         let rec = StopRecord::intent(StopReason::Idle, t).confirm(Some(t));
-        let mut running = stopped(Some(t), 0);
+        let mut running = ContainerInfo::test_stopped(Some(t), 0);
         running.state = RunState::Running;
         assert_eq!(effective_reason(Some(&rec), &running), None);
     }
@@ -216,39 +183,51 @@ mod tests {
         let t = Utc::now();
         let confirmed_without_time = StopRecord::intent(StopReason::Idle, t).confirm(None);
         assert_eq!(
-            effective_reason(Some(&confirmed_without_time), &stopped(None, 0)),
+            effective_reason(
+                Some(&confirmed_without_time),
+                &ContainerInfo::test_stopped(None, 0)
+            ),
             None
         );
         let rec = StopRecord::intent(StopReason::Idle, t).confirm(Some(t));
-        assert_eq!(effective_reason(Some(&rec), &stopped(None, 0)), None);
+        assert_eq!(
+            effective_reason(Some(&rec), &ContainerInfo::test_stopped(None, 0)),
+            None
+        );
     }
 
     #[test]
     fn an_unconfirmed_intent_has_no_reason() {
         let t = Utc::now();
         let intent = StopRecord::intent(StopReason::Idle, t);
-        assert_eq!(effective_reason(Some(&intent), &stopped(Some(t), 0)), None);
+        assert_eq!(
+            effective_reason(Some(&intent), &ContainerInfo::test_stopped(Some(t), 0)),
+            None
+        );
     }
 
     #[test]
     fn the_engine_says_killed_or_oom() {
         let t = Utc::now();
         assert_eq!(
-            effective_reason(None, &stopped(Some(t), 137)),
+            effective_reason(None, &ContainerInfo::test_stopped(Some(t), 137)),
             Some(StopReason::Killed)
         );
-        let mut oom = stopped(Some(t), 137);
+        let mut oom = ContainerInfo::test_stopped(Some(t), 137);
         oom.oom_killed = true;
         assert_eq!(effective_reason(None, &oom), Some(StopReason::Oom));
         // A foreign kill after our stop: the timestamp moved on.
         let rec = StopRecord::intent(StopReason::Idle, t).confirm(Some(t));
         assert_eq!(
-            effective_reason(Some(&rec), &stopped(Some(t + Duration::seconds(1)), 137)),
+            effective_reason(
+                Some(&rec),
+                &ContainerInfo::test_stopped(Some(t + Duration::seconds(1)), 137)
+            ),
             Some(StopReason::Killed)
         );
         // Our own stop that had to kill after the timeout keeps our reason.
         assert_eq!(
-            effective_reason(Some(&rec), &stopped(Some(t), 137)),
+            effective_reason(Some(&rec), &ContainerInfo::test_stopped(Some(t), 137)),
             Some(StopReason::Idle)
         );
     }
