@@ -15,6 +15,7 @@ use x11rb::connection::Connection as _;
 use x11rb::protocol::screensaver::ConnectionExt as _;
 
 use crate::config::Config;
+use crate::procfs::{self, Stat};
 use crate::x_client::{self, XError};
 
 /// Clock ticks per second of the times in `/proc/<pid>/stat` (`USER_HZ`).
@@ -42,54 +43,27 @@ pub type CpuSnapshot = HashMap<u32, CpuTime>;
 /// is an error.
 pub fn cpu_snapshot(proc_root: &Path, uid: u32) -> std::io::Result<CpuSnapshot> {
     let mut out = CpuSnapshot::new();
-    for entry in std::fs::read_dir(proc_root)? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let dir = entry.path();
-        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
-            continue;
-        };
-        if real_uid(&status) != Some(uid) {
+    for (pid, dir) in procfs::pid_dirs(proc_root)? {
+        // The uid first: other users' processes need no `stat` read.
+        if procfs::real_uid(&dir) != Some(uid) {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue;
         };
-        if let Some(time) = parse_stat(&stat) {
+        if let Some(time) = Stat::parse(&stat).and_then(|s| cpu_time(&s)) {
             out.insert(pid, time);
         }
     }
     Ok(out)
 }
 
-/// The real uid from the `Uid:` line of `/proc/<pid>/status`.
-fn real_uid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|uid| uid.parse().ok())
-}
-
-/// Command name and `utime + stime` from `/proc/<pid>/stat`. The name sits in
-/// parentheses and may itself contain spaces and `)`, so the fields are
-/// counted from the *last* `)`.
-fn parse_stat(stat: &str) -> Option<CpuTime> {
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_owned();
-    // After ")": field 3 (state) is index 0, so field n is index n - 3.
-    let mut fields = stat.get(close + 1..)?.split_whitespace();
-    let utime: u64 = fields.nth(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
+/// Command name and `utime + stime` of one process.
+fn cpu_time(stat: &Stat<'_>) -> Option<CpuTime> {
+    let utime: u64 = stat.number(Stat::UTIME)?;
+    let stime: u64 = stat.number(Stat::STIME)?;
     Some(CpuTime {
-        comm,
+        comm: stat.comm().to_owned(),
         ticks: utime.saturating_add(stime),
     })
 }

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use dormouse_protocol::ContainerStartIdentity;
 
 use crate::config::Config;
+use crate::procfs::Stat;
 
 /// Why the identity could not be read or recorded.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +95,7 @@ fn container_init(proc_root: &Path) -> Result<String, IdentityError> {
     // namespace we cannot read (another container, the host) ends the walk.
     for _ in 0..64 {
         let stat_path = proc_root.join(&pid).join("stat");
-        let ppid = stat_field(&stat_path, 4)?;
+        let ppid = stat_field(&stat_path, Stat::PPID)?;
         if ppid == 0 {
             break;
         }
@@ -109,24 +110,20 @@ fn container_init(proc_root: &Path) -> Result<String, IdentityError> {
 
 /// Field 22 of a `stat` file: start time in clock ticks after boot.
 pub fn start_time(stat_path: &Path) -> Result<u64, IdentityError> {
-    stat_field(stat_path, 22)
+    stat_field(stat_path, Stat::START_TIME)
 }
 
-/// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` file. The
-/// command name (field 2) may hold spaces and parentheses, so fields are
-/// counted after its last `)`.
+/// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` file, as a
+/// number.
 fn stat_field(stat_path: &Path, n: usize) -> Result<u64, IdentityError> {
     let text = std::fs::read_to_string(stat_path).map_err(io(stat_path))?;
     let malformed = |what| IdentityError::Malformed {
         path: stat_path.to_owned(),
         what,
     };
-    let close = text
-        .rfind(')')
-        .ok_or_else(|| malformed("no command name"))?;
-    text[close + 1..]
-        .split_whitespace()
-        .nth(n - 3)
+    Stat::parse(&text)
+        .ok_or_else(|| malformed("no command name"))?
+        .field(n)
         .ok_or_else(|| malformed("too few fields"))?
         .parse()
         .map_err(|_| malformed("field is not a number"))

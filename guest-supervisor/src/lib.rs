@@ -12,6 +12,7 @@ pub mod identity;
 pub mod init;
 pub mod prepare;
 pub mod probe;
+pub mod procfs;
 pub mod run;
 pub mod screenshot;
 pub mod services;

@@ -26,6 +26,7 @@ use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, 
 use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
+use crate::procfs::{self, Stat};
 use crate::services::Services;
 use crate::x_client::{self, XError};
 
@@ -56,51 +57,26 @@ pub struct ProcessInfo {
 
 /// Every live (not zombie) process in `proc_root`.
 pub fn processes(proc_root: &Path) -> std::io::Result<Vec<ProcessInfo>> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(proc_root)? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // A process may vanish between readdir and read: skip it.
-        if let Some(info) = read_process(&entry.path(), pid) {
-            all.push(info);
-        }
-    }
+    // A process may vanish between readdir and read: skip it.
+    let mut all: Vec<ProcessInfo> = procfs::pid_dirs(proc_root)?
+        .filter_map(|(pid, dir)| read_process(&dir, pid))
+        .collect();
     all.sort_by_key(|p| p.pid);
     Ok(all)
 }
 
 fn read_process(dir: &Path, pid: u32) -> Option<ProcessInfo> {
-    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_owned();
-    let mut fields = stat.get(close + 1..)?.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
+    let text = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let stat = Stat::parse(&text)?;
+    if !stat.is_live() {
         return None;
     }
-    let ppid = fields.next()?.parse().ok()?;
-    let pgid = fields.next()?.parse().ok()?;
-    let status = std::fs::read_to_string(dir.join("status")).ok()?;
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
     Some(ProcessInfo {
         pid,
-        ppid,
-        pgid,
-        uid,
-        comm,
+        ppid: stat.number(Stat::PPID)?,
+        pgid: stat.number(Stat::PGRP)?,
+        uid: procfs::real_uid(dir)?,
+        comm: stat.comm().to_owned(),
     })
 }
 
@@ -321,12 +297,8 @@ fn ask_to_close(
 
 /// Whether `pid` is alive (not gone, not a zombie).
 fn alive(proc_root: &Path, pid: u32) -> bool {
-    std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).is_ok_and(|text| {
-        let state = text
-            .rfind(')')
-            .and_then(|i| text[i + 1..].split_whitespace().next());
-        !matches!(state, Some("Z" | "X") | None)
-    })
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
+        .is_ok_and(|text| Stat::parse(&text).is_some_and(|s| s.is_live()))
 }
 
 /// Ends every desktop process still alive: SIGTERM, then SIGKILL for those
@@ -386,10 +358,7 @@ async fn wait_exit(proc_root: &Path, pid: u32) {
     loop {
         match std::fs::read_to_string(&stat) {
             Ok(text) => {
-                let state = text
-                    .rfind(')')
-                    .and_then(|i| text[i + 1..].split_whitespace().next());
-                if matches!(state, Some("Z" | "X")) {
+                if Stat::parse(&text).is_some_and(|s| s.has_exited()) {
                     return;
                 }
             }
