@@ -86,6 +86,26 @@ fn errno(e: Errno) -> io::Error {
     io::Error::from(e)
 }
 
+/// Gives the open file or directory `fd` to `owner`.
+fn fchown_to(fd: impl AsFd, owner: Owner) -> io::Result<()> {
+    fchown(
+        fd,
+        Some(Uid::from_raw(owner.uid)),
+        Some(Gid::from_raw(owner.gid)),
+    )
+    .map_err(errno)
+}
+
+/// `path` relative to `anchor`; an error when it does not lie below it.
+fn below<'p>(anchor: &Path, path: &'p Path) -> io::Result<&'p Path> {
+    path.strip_prefix(anchor).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not below {}", path.display(), anchor.display()),
+        )
+    })
+}
+
 /// A directory held open by a file descriptor, with the path it was reached
 /// by (for messages only; the path is never used to act).
 #[derive(Debug)]
@@ -115,12 +135,7 @@ impl HeldDir {
     /// every component below it is opened with `O_NOFOLLOW`, so a symlink
     /// anywhere on the way fails with `ELOOP` or `ENOTDIR`.
     pub fn open_beneath(anchor: &Path, path: &Path) -> io::Result<Self> {
-        let rel = path.strip_prefix(anchor).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not below {}", path.display(), anchor.display()),
-            )
-        })?;
+        let rel = below(anchor, path)?;
         let mut dir = Self::open_trusted(anchor)?;
         for component in rel.components() {
             match component {
@@ -140,12 +155,7 @@ impl HeldDir {
     /// Like [`Self::open_beneath`], creating missing directories (mode
     /// `mode`, owned by `owner`) on the way.
     pub fn ensure_beneath(anchor: &Path, path: &Path, mode: u32, owner: Owner) -> io::Result<Self> {
-        let rel = path.strip_prefix(anchor).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not below {}", path.display(), anchor.display()),
-            )
-        })?;
+        let rel = below(anchor, path)?;
         let mut dir = Self::open_trusted(anchor)?;
         for component in rel.components() {
             if let Component::Normal(name) = component {
@@ -294,12 +304,7 @@ impl HeldDir {
 
     /// Changes the owner of this directory.
     pub fn chown(&self, owner: Owner) -> io::Result<()> {
-        fchown(
-            &self.fd,
-            Some(Uid::from_raw(owner.uid)),
-            Some(Gid::from_raw(owner.gid)),
-        )
-        .map_err(errno)
+        fchown_to(&self.fd, owner)
     }
 
     /// Changes the permission bits of this directory.
@@ -350,12 +355,7 @@ impl HeldDir {
         // Subject to the umask on creation; say what we mean (before the
         // owner changes, so no CAP_FOWNER is needed).
         fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(errno)?;
-        fchown(
-            &fd,
-            Some(Uid::from_raw(owner.uid)),
-            Some(Gid::from_raw(owner.gid)),
-        )
-        .map_err(errno)?;
+        fchown_to(&fd, owner)?;
         Ok(File::from(fd))
     }
 
