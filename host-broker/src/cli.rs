@@ -302,13 +302,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                 None
             };
             let started = Instant::now();
-            let status: ComputerStatus = client
-                .call(
-                    Method::POST,
-                    &format!("/v1/computers/{id}/start"),
-                    None::<&()>,
-                )
-                .await?;
+            let status = client.act(id, "start").await?;
             match events.as_mut() {
                 Some(events) => {
                     let status = wait_ready(&client, events, status, timeout, json, out).await?;
@@ -326,24 +320,12 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
         }
         CliCommand::Stop { id } => {
             let id = client.resolve(&id).await?;
-            let status: ComputerStatus = client
-                .call(
-                    Method::POST,
-                    &format!("/v1/computers/{id}/stop"),
-                    None::<&()>,
-                )
-                .await?;
+            let status = client.act(id, "stop").await?;
             print_status(out, &status, json)
         }
         CliCommand::Touch { id } => {
             let id = client.resolve(&id).await?;
-            let status: ComputerStatus = client
-                .call(
-                    Method::POST,
-                    &format!("/v1/computers/{id}/touch"),
-                    None::<&()>,
-                )
-                .await?;
+            let status = client.act(id, "touch").await?;
             print_status(out, &status, json)
         }
         CliCommand::Rm { id, purge } => {
@@ -523,6 +505,17 @@ impl Client {
             .json::<T>()
             .await
             .map_err(|e| CliError::Http(format!("unexpected answer from the broker: {e}")))
+    }
+
+    /// `POST /v1/computers/{id}/{verb}` for the verbs without a body
+    /// (`start`, `stop`, `touch`), answered with the computer's status.
+    async fn act(&self, id: Uuid, verb: &str) -> Result<ComputerStatus, CliError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/computers/{id}/{verb}"),
+            None::<&()>,
+        )
+        .await
     }
 
     async fn call_empty(&self, method: Method, path: &str) -> Result<(), CliError> {
