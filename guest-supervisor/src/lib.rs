@@ -24,19 +24,5 @@ pub mod x_client;
 pub use config::Config;
 pub use state::{QuiesceRequest, StatusCell};
 
-/// Linux capabilities the supervisor needs, and all it needs: a container
-/// runs it with `--cap-drop ALL` plus exactly these (and
-/// `--security-opt no-new-privileges`). Desktop processes drop all of them
-/// with their switch to uid 1000.
-///
-/// - `CHOWN`: the run directory to root; the workspace root, migrated
-///   profiles and new directories to uid 1000.
-/// - `DAC_OVERRIDE`: reading and writing the desktop user's files (profiles,
-///   the workspace) as root.
-/// - `SETUID`, `SETGID`: starting services as uid/gid 1000 (and dropping
-///   supplementary groups).
-/// - `KILL`: signalling the desktop user's processes on quiesce and stop.
-///
-/// Not `FOWNER`: modes are set before ownership is given away, and the
-/// sticky directories it works in (`/tmp`, `/tmp/.X11-unix`) are root's.
-pub const REQUIRED_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"];
+/// The capabilities the supervisor needs (see [`dormouse_protocol::GUEST_CAPABILITIES`]).
+pub use dormouse_protocol::GUEST_CAPABILITIES as REQUIRED_CAPABILITIES;

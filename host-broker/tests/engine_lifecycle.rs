@@ -25,14 +25,6 @@ use engine_support::{broker_config, engine_events, engine_now, log, wait_ready, 
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-#[test]
-fn the_broker_grants_exactly_the_capabilities_the_supervisor_needs() {
-    assert_eq!(
-        create::SUPERVISOR_CAPABILITIES,
-        dormouse_supervisor::REQUIRED_CAPABILITIES
-    );
-}
-
 /// How long a real desktop may take to get ready on a busy test machine.
 const READY_LIMIT: Duration = Duration::from_secs(90);
 

@@ -33,6 +33,23 @@ pub const LABEL_COMPUTER: &str = "dev.dormouse.computer";
 /// Container label carrying the computer's owner key.
 pub const LABEL_OWNER: &str = "dev.dormouse.owner";
 
+/// Capabilities a desktop container keeps after `--cap-drop ALL`: what the
+/// guest supervisor needs as PID 1, and nothing more. The broker grants
+/// exactly these; the supervisor's tests run under exactly these.
+///
+/// - `CHOWN`: the run directory to root; the workspace root, migrated
+///   profiles and new directories to uid 1000.
+/// - `DAC_OVERRIDE`: reading and writing the desktop user's files (profiles,
+///   the workspace) as root.
+/// - `SETUID`, `SETGID`: starting services as uid/gid 1000 (and dropping
+///   supplementary groups).
+/// - `KILL`: signalling the desktop user's processes on quiesce and stop.
+///
+/// Not `FOWNER`: modes are set before ownership is given away, and the
+/// sticky directories the supervisor works in (`/tmp`, `/tmp/.X11-unix`)
+/// are root's.
+pub const GUEST_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"];
+
 /// Path of the supervisor socket inside the guest.
 pub const GUEST_SOCKET_PATH: &str = "/run/dormouse/supervisor.sock";
 /// File name of the supervisor socket inside the run directory.

@@ -26,13 +26,8 @@ use crate::engine::{
 use crate::error::BrokerError;
 use crate::store::{ensure_dir, Paths, StoreError};
 
-/// The capabilities the supervisor needs as PID 1 (and nothing more): it
-/// chowns and prepares the desk user's home and profile links (`CHOWN`,
-/// `DAC_OVERRIDE`), drops to uid/gid 1000 for the desktop (`SETUID`,
-/// `SETGID`) and signals the desktop's processes on stop (`KILL`).
-/// Equal to the supervisor's `REQUIRED_CAPABILITIES` (a test holds the two
-/// together).
-pub const SUPERVISOR_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"];
+/// The capabilities a desktop keeps: exactly what its supervisor needs.
+pub use dormouse_protocol::GUEST_CAPABILITIES as SUPERVISOR_CAPABILITIES;
 
 /// Where the workspace is mounted in the guest.
 pub const GUEST_WORKSPACE: &str = "/home/desk/workspace";
