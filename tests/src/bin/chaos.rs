@@ -168,6 +168,7 @@ async fn run(args: Args) -> ExitCode {
     chaos.finish(outcome).await
 }
 
+/// One chaos run: its broker, its desktop, what it wrote and what it saw.
 struct Chaos {
     broker: BrokerProcess,
     api: ApiClient,
@@ -190,7 +191,7 @@ struct Chaos {
     /// Timeline origin when `--verbose`.
     trace: Option<Instant>,
     /// How far the guest got before each kill, per intended moment.
-    phases_at_kill: BTreeMap<(Moment, String), usize>,
+    reached_at_kill: BTreeMap<(Moment, String), usize>,
 }
 
 impl Chaos {
@@ -236,7 +237,7 @@ impl Chaos {
             failures: 0,
             lost_files: 0,
             cycles_done: 0,
-            phases_at_kill: BTreeMap::new(),
+            reached_at_kill: BTreeMap::new(),
             trace: args.verbose.then(Instant::now),
         };
         if let Some(epoch) = chaos.trace {
@@ -383,7 +384,7 @@ impl Chaos {
             self.reached_before_kill().await
         };
         *self
-            .phases_at_kill
+            .reached_at_kill
             .entry((moment, reached.clone()))
             .or_default() += 1;
         if let Err(e) = check_reason(moment, &stopped) {
@@ -616,7 +617,8 @@ impl Chaos {
 
     async fn finish(mut self, outcome: Result<()>) -> ExitCode {
         if outcome.is_err() {
-            // The cycles that never ran count as failed.
+            // Giving up is a failure of its own: the remaining cycles never ran
+            // (`cycles=` in the summary says how many did).
             self.failures += 1;
         }
         if let Some(recorder) = self.recorder.take() {
@@ -627,7 +629,7 @@ impl Chaos {
             }
         }
         eprintln!("dormouse-chaos: how far the guest got before the kill (its own log), per intended moment:");
-        for ((moment, phase), count) in &self.phases_at_kill {
+        for ((moment, phase), count) in &self.reached_at_kill {
             eprintln!("  {moment:<8} {phase:<22} {count}");
         }
         if self.failures > 0 {
