@@ -84,6 +84,11 @@ pub struct Config {
     pub depth: u32,
     /// Loopback TCP port of the VNC server.
     pub vnc_port: u16,
+    /// Offer OpenGL (the X server's GLX extension, software-rendered) to the
+    /// desktop's apps. Off by default: loading the software GL driver is the
+    /// largest single part of Xvfb's start (~150-200 ms of a resume in a
+    /// freshly started container), and browsers run with `--disable-gpu`.
+    pub glx: bool,
     /// Browser started after the desktop is up: `chromium`, `firefox` or none.
     pub browser: Option<String>,
     /// Free space the workspace must have for the probe to pass, in MiB.
@@ -147,6 +152,7 @@ impl Default for Config {
             height: 800,
             depth: 24,
             vnc_port: 5900,
+            glx: false,
             browser: None,
             workspace_min_free_mib: 64,
             busy_cpu_percent: 20.0,

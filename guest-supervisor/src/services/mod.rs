@@ -106,24 +106,28 @@ pub const CHROMIUM_FLAGS: &[&str] = &[
 /// The services of a desktop, in start order.
 pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
     let display = config.display_name();
+    let mut xvfb_args = vec![
+        display.clone(),
+        "-screen".into(),
+        "0".into(),
+        format!("{}x{}x{}", config.width, config.height, config.depth),
+        "-nolisten".into(),
+        "tcp".into(),
+        // Stay up when the last client disconnects.
+        "-noreset".into(),
+        // Readiness: the display number is written to stdout.
+        "-displayfd".into(),
+        "1".into(),
+    ];
+    if !config.glx {
+        xvfb_args.extend(["-extension".into(), "GLX".into()]);
+    }
     let mut services = vec![
         ServiceSpec {
             name: "xvfb",
             kind: ServiceKind::Display,
             program: "Xvfb".into(),
-            args: vec![
-                display.clone(),
-                "-screen".into(),
-                "0".into(),
-                format!("{}x{}x{}", config.width, config.height, config.depth),
-                "-nolisten".into(),
-                "tcp".into(),
-                // Stay up when the last client disconnects.
-                "-noreset".into(),
-                // Readiness: the display number is written to stdout.
-                "-displayfd".into(),
-                "1".into(),
-            ],
+            args: xvfb_args,
         },
         ServiceSpec {
             name: "openbox",
@@ -782,6 +786,15 @@ mod tests {
             .windows(2)
             .any(|w| w == ["-nolisten", "tcp"]));
         assert!(services[2].args.contains(&"-localhost".to_owned()));
+        assert!(services[0]
+            .args
+            .windows(2)
+            .any(|w| w == ["-extension", "GLX"]));
+        let with_gl = desktop_services(&Config {
+            glx: true,
+            ..config.clone()
+        });
+        assert!(!with_gl[0].args.iter().any(|a| a == "GLX"));
         assert!(services[3].args.contains(&"--no-sandbox".to_owned()));
         let plain = desktop_services(&Config::default());
         assert_eq!(plain.len(), 3, "no browser unless configured");
