@@ -159,6 +159,7 @@ fn start(
     for note in notes {
         tracing::info!("{note}");
     }
+    dormouse_supervisor::init::tune_allocator();
     // One thread: the supervisor waits on events, it never computes. The
     // few blocking X calls get a small pool of their own.
     let runtime = tokio::runtime::Builder::new_current_thread()
