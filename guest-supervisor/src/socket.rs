@@ -375,14 +375,7 @@ async fn write_response<W: AsyncWrite + Unpin>(
     payload: &[u8],
     io: Duration,
 ) -> Result<(), FrameError> {
-    let mut message = frame::encode(response, &[])?;
-    let header = FrameHeader {
-        message_len: u32::try_from(message.len() - HEADER_LEN).unwrap_or(u32::MAX),
-        payload_len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
-    };
-    // Re-parse to apply the protocol's bounds to the payload length too.
-    let header = FrameHeader::parse(header.to_bytes())?;
-    message[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+    let message = frame::encode_head(response, payload.len())?;
     let write = async {
         w.write_all(&message).await?;
         if !payload.is_empty() {
@@ -549,7 +542,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dormouse_protocol::frame::Frame;
+    use dormouse_protocol::frame::{frame_unchecked, Frame};
     use dormouse_protocol::{
         ContainerStartIdentity, Phase, ServiceRunState, ServiceState, MAX_HEADER_LEN,
     };
@@ -808,16 +801,7 @@ mod tests {
             Response::Hello(_)
         ));
 
-        let raw = |json: &str| {
-            let mut bytes = FrameHeader {
-                message_len: json.len() as u32,
-                payload_len: 0,
-            }
-            .to_bytes()
-            .to_vec();
-            bytes.extend_from_slice(json.as_bytes());
-            bytes
-        };
+        let raw = |json: &str| frame_unchecked(json.as_bytes(), &[]);
         let oversized = FrameHeader {
             message_len: MAX_HEADER_LEN + 1,
             payload_len: 0,
@@ -830,6 +814,7 @@ mod tests {
         }
         .to_bytes()
         .to_vec();
+        // Announces a 1 MiB payload it never sends: refused on the header.
         let with_payload = {
             let json = br#"{"v":1,"kind":"hello"}"#;
             let mut b = FrameHeader {

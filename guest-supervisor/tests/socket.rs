@@ -18,7 +18,7 @@
 mod support;
 
 use dormouse_e2e::docker_ok;
-use dormouse_protocol::frame::HEADER_LEN;
+use dormouse_protocol::frame::{frame_unchecked, HEADER_LEN};
 use dormouse_protocol::{CheckStatus, FrameHeader, Phase, Request, Response, MAX_HEADER_LEN};
 use support::{error_code, Client, Desktop, HEIGHT, WIDTH};
 use tokio::io::AsyncWriteExt as _;
@@ -172,16 +172,7 @@ async fn bad_frames_close_only_their_connection_and_fifty_clients_are_served() {
     let id = bystander.identity().await;
     let path = desktop.socket();
 
-    let raw = |json: &str| {
-        let mut bytes = FrameHeader {
-            message_len: json.len() as u32,
-            payload_len: 0,
-        }
-        .to_bytes()
-        .to_vec();
-        bytes.extend_from_slice(json.as_bytes());
-        bytes
-    };
+    let raw = |json: &str| frame_unchecked(json.as_bytes(), &[]);
     let oversized = FrameHeader {
         message_len: MAX_HEADER_LEN + 1,
         payload_len: 0,

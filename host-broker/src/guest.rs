@@ -663,17 +663,7 @@ pub(crate) mod tests {
         let path = dir.path().join("supervisor.sock");
         let listener = UnixListener::bind(&path).expect("bind");
         tokio::spawn(serve_once(listener, |req| match req {
-            Request::Hello => {
-                let json = br#"{"v":1,"kind":"launch_missiles"}"#;
-                let mut out = FrameHeader {
-                    message_len: json.len() as u32,
-                    payload_len: 0,
-                }
-                .to_bytes()
-                .to_vec();
-                out.extend_from_slice(json);
-                out
-            }
+            Request::Hello => frame::frame_unchecked(br#"{"v":1,"kind":"launch_missiles"}"#, &[]),
             Request::Status => hello_frame(),
             _ => frame::encode(
                 &Response::Activity(Activity {

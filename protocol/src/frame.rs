@@ -146,6 +146,16 @@ impl FrameHeader {
 
 /// Encodes a message and payload into one frame.
 pub fn encode<M: Message>(message: &M, payload: &[u8]) -> Result<Vec<u8>, FrameError> {
+    let mut out = encode_head(message, payload.len())?;
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+/// Encodes the header and message of a frame whose `payload_len` bytes of
+/// payload the caller writes right after, so a large payload (a screenshot)
+/// is never copied into one buffer with the message. Both lengths are
+/// checked against the protocol's limits.
+pub fn encode_head<M: Message>(message: &M, payload_len: usize) -> Result<Vec<u8>, FrameError> {
     let mut value =
         serde_json::to_value(message).map_err(|e| FrameError::Malformed(e.to_string()))?;
     let object = value
@@ -153,16 +163,32 @@ pub fn encode<M: Message>(message: &M, payload: &[u8]) -> Result<Vec<u8>, FrameE
         .ok_or_else(|| FrameError::Malformed("message is not a JSON object".into()))?;
     object.insert("v".into(), PROTOCOL_VERSION.into());
     let json = serde_json::to_vec(&value).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    let header = FrameHeader {
-        message_len: u32::try_from(json.len()).unwrap_or(u32::MAX),
-        payload_len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
-    };
-    header.check()?;
-    let mut out = Vec::with_capacity(HEADER_LEN + json.len() + payload.len());
-    out.extend_from_slice(&header.to_bytes());
-    out.extend_from_slice(&json);
+    head(&json, payload_len).check()?;
+    Ok(head_bytes(&json, payload_len))
+}
+
+/// Frames bytes as they stand, without checking lengths or content. Tests
+/// and tools use it to play a hostile or broken peer (garbage JSON, unknown
+/// kinds, newer versions, unexpected payloads).
+pub fn frame_unchecked(json: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut out = head_bytes(json, payload.len());
     out.extend_from_slice(payload);
-    Ok(out)
+    out
+}
+
+fn head(json: &[u8], payload_len: usize) -> FrameHeader {
+    FrameHeader {
+        message_len: u32::try_from(json.len()).unwrap_or(u32::MAX),
+        payload_len: u32::try_from(payload_len).unwrap_or(u32::MAX),
+    }
+}
+
+/// The one place the wire layout is written: header, then message.
+fn head_bytes(json: &[u8], payload_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + json.len());
+    out.extend_from_slice(&head(json, payload_len).to_bytes());
+    out.extend_from_slice(json);
+    out
 }
 
 /// Decodes the JSON part of a frame: checks `v` and `kind`, then the fields.
@@ -306,15 +332,7 @@ mod tests {
     }
 
     fn raw(json: &str, payload: &[u8]) -> Vec<u8> {
-        let mut out = FrameHeader {
-            message_len: json.len() as u32,
-            payload_len: payload.len() as u32,
-        }
-        .to_bytes()
-        .to_vec();
-        out.extend_from_slice(json.as_bytes());
-        out.extend_from_slice(payload);
-        out
+        frame_unchecked(json.as_bytes(), payload)
     }
 
     #[test]
