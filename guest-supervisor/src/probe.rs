@@ -18,13 +18,12 @@ use dormouse_protocol::{
     Check, CheckStatus, ContainerStartIdentity, HealthReport, Phase, ServiceRunState, ServiceState,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::screenshot::{self, CaptureStats, CountingWriter};
 use crate::state::StatusCell;
-use crate::x_client::{self, XError};
+use crate::x_client::{self, WmState, XError};
 
 /// Check names, stable for clients.
 pub mod checks {
@@ -230,18 +229,6 @@ struct XFindings {
     screenshot: Option<Result<(CaptureStats, Duration), String>>,
 }
 
-/// What the root window says about the window manager.
-#[derive(Debug, PartialEq, Eq)]
-enum WmState {
-    /// `_NET_SUPPORTING_WM_CHECK` names a live window that names itself.
-    Present { window: u32, name: Option<String> },
-    /// No property on the root window.
-    Missing,
-    /// The property names a window that no longer exists or does not point
-    /// back (the window manager died without cleaning up).
-    Stale { window: u32 },
-}
-
 /// `[x_display, window_manager, screenshot]`, from one X connection.
 async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
     let bound = Duration::from_millis(config.probe_timeout_ms);
@@ -254,7 +241,7 @@ async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
             x_client::with_display(config, bound, move |conn, screen| {
                 let geometry = x_client::root_geometry(conn, screen)?;
                 let root = conn_root(conn, screen)?;
-                let wm = wm_state(conn, root).map_err(|e| e.to_string());
+                let wm = x_client::wm_state(conn, root).map_err(|e| e.to_string());
                 let screenshot = (geometry.0 == width && geometry.1 == height).then(|| {
                     let started = Instant::now();
                     let sink = CountingWriter {
@@ -331,41 +318,6 @@ fn conn_root(conn: &RustConnection, screen: usize) -> Result<u32, XError> {
         .get(screen)
         .map(|s| s.root)
         .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))
-}
-
-/// Reads `_NET_SUPPORTING_WM_CHECK` as EWMH defines it: the root names a
-/// child window, and that window names itself with the same property.
-fn wm_state(conn: &RustConnection, root: u32) -> Result<WmState, XError> {
-    let atom =
-        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
-    let check = atom(b"_NET_SUPPORTING_WM_CHECK")?;
-    let window_of = |w: u32| -> Result<Option<u32>, XError> {
-        let reply = conn
-            .get_property(false, w, check, AtomEnum::WINDOW, 0, 1)?
-            .reply()?;
-        Ok(reply.value32().and_then(|mut v| v.next()))
-    };
-    let Some(window) = window_of(root)? else {
-        return Ok(WmState::Missing);
-    };
-    // A BadWindow here means the window manager died and left the property.
-    match window_of(window) {
-        Ok(Some(back)) if back == window => {}
-        Ok(_) | Err(XError::Request(x11rb::errors::ReplyError::X11Error(_))) => {
-            return Ok(WmState::Stale { window })
-        }
-        Err(e) => return Err(e),
-    }
-    let name = (|| -> Result<Option<String>, XError> {
-        let utf8 = atom(b"UTF8_STRING")?;
-        let net_wm_name = atom(b"_NET_WM_NAME")?;
-        let reply = conn
-            .get_property(false, window, net_wm_name, utf8, 0, 16)?
-            .reply()?;
-        Ok((!reply.value.is_empty()).then(|| String::from_utf8_lossy(&reply.value).into_owned()))
-    })()
-    .unwrap_or(None);
-    Ok(WmState::Present { window, name })
 }
 
 fn wm_check(wm: Result<WmState, String>, services: &[ServiceState]) -> Check {

@@ -13,6 +13,7 @@ use std::net::Shutdown;
 use std::time::Duration;
 
 use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use crate::config::Config;
@@ -112,6 +113,53 @@ pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, 
         u32::from(root.height_in_pixels),
         root.root_depth,
     ))
+}
+
+/// What the root window says about the window manager.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WmState {
+    /// `_NET_SUPPORTING_WM_CHECK` names a live window that names itself.
+    Present { window: u32, name: Option<String> },
+    /// No property on the root window.
+    Missing,
+    /// The property names a window that no longer exists or does not point
+    /// back (the window manager died without cleaning up).
+    Stale { window: u32 },
+}
+
+/// Reads `_NET_SUPPORTING_WM_CHECK` as EWMH defines it: the root names a
+/// child window, and that window names itself with the same property.
+pub fn wm_state(conn: &RustConnection, root: u32) -> Result<WmState, XError> {
+    let atom =
+        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
+    let check = atom(b"_NET_SUPPORTING_WM_CHECK")?;
+    let window_of = |w: u32| -> Result<Option<u32>, XError> {
+        let reply = conn
+            .get_property(false, w, check, AtomEnum::WINDOW, 0, 1)?
+            .reply()?;
+        Ok(reply.value32().and_then(|mut v| v.next()))
+    };
+    let Some(window) = window_of(root)? else {
+        return Ok(WmState::Missing);
+    };
+    // A BadWindow here means the window manager died and left the property.
+    match window_of(window) {
+        Ok(Some(back)) if back == window => {}
+        Ok(_) | Err(XError::Request(x11rb::errors::ReplyError::X11Error(_))) => {
+            return Ok(WmState::Stale { window })
+        }
+        Err(e) => return Err(e),
+    }
+    let name = (|| -> Result<Option<String>, XError> {
+        let utf8 = atom(b"UTF8_STRING")?;
+        let net_wm_name = atom(b"_NET_WM_NAME")?;
+        let reply = conn
+            .get_property(false, window, net_wm_name, utf8, 0, 16)?
+            .reply()?;
+        Ok((!reply.value.is_empty()).then(|| String::from_utf8_lossy(&reply.value).into_owned()))
+    })()
+    .unwrap_or(None);
+    Ok(WmState::Present { window, name })
 }
 
 #[cfg(test)]

@@ -2,9 +2,10 @@
 //!
 //! - X server: the display number it writes to `-displayfd` once it listens,
 //!   confirmed by a completed X connection setup.
-//! - Window manager: `_NET_SUPPORTING_WM_CHECK` appearing on the root window,
-//!   awaited as a `PropertyNotify` (the property is checked after selecting
-//!   the event, so a manager that was quicker is not missed).
+//! - Window manager: `_NET_SUPPORTING_WM_CHECK` on the root window naming a
+//!   window that names itself (EWMH; a dead manager's leftover does not
+//!   count), awaited as `PropertyNotify` events (the property is checked
+//!   after selecting them, so a manager that was quicker is not missed).
 //! - VNC server: the `PORT=<n>` line x11vnc prints once it listens,
 //!   confirmed by reading the RFB banner on loopback.
 //!
@@ -18,12 +19,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
+use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 use x11rb::protocol::Event;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use super::output::LineReader;
 use crate::config::Config;
+use crate::x_client::WmState;
 
 /// Why a service did not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -105,26 +107,37 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
         .reply()
         .map_err(|e| e.to_string())?
         .atom;
-    // Select first, then look: a property set in between is seen either way.
-    conn.change_window_attributes(
-        root,
-        &ChangeWindowAttributesAux::new().event_mask(EventMask::PROPERTY_CHANGE),
-    )
-    .map_err(|e| e.to_string())?
-    .check()
-    .map_err(|e| e.to_string())?;
-    let present = |conn: &RustConnection| -> Result<bool, String> {
-        let reply = conn
-            .get_property(false, root, atom, AtomEnum::WINDOW, 0, 1)
-            .map_err(|e| e.to_string())?
-            .reply()
-            .map_err(|e| e.to_string())?;
-        Ok(reply.value_len > 0)
+    let watch = |window: u32| {
+        conn.change_window_attributes(
+            window,
+            &ChangeWindowAttributesAux::new().event_mask(EventMask::PROPERTY_CHANGE),
+        )
+        .map_err(|e| e.to_string())
+        .map(|cookie| cookie.check())
     };
-    if !present(&conn)? {
+    // Select first, then look: a property set in between is seen either way.
+    watch(root)?.map_err(|e| e.to_string())?;
+    // The root may still name the check window of a manager that died (it
+    // cannot clean up after a SIGKILL): only a window that names itself
+    // counts, as EWMH defines it. A live manager writes the root first and
+    // its own window next, so a named window is watched too.
+    let mut watched = None;
+    loop {
+        match crate::x_client::wm_state(&conn, root).map_err(|e| e.to_string())? {
+            WmState::Present { .. } => break,
+            WmState::Stale { window } if watched != Some(window) => {
+                watched = Some(window);
+                // BadWindow: the named window is gone; only the root can
+                // change now, and it is watched already.
+                if watch(window)?.is_ok() {
+                    continue;
+                }
+            }
+            WmState::Stale { .. } | WmState::Missing => {}
+        }
         loop {
             match conn.wait_for_event().map_err(|e| e.to_string())? {
-                Event::PropertyNotify(e) if e.atom == atom && present(&conn)? => break,
+                Event::PropertyNotify(e) if e.atom == atom => break,
                 _ => {}
             }
         }
