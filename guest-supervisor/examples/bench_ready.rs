@@ -36,6 +36,11 @@ struct Cycle {
     services: Duration,
     /// The last service ready → `ready_since` (the self-probe's share).
     probe: Duration,
+    /// CPU time of the container's storage daemon when `ready` came, where
+    /// the engine serves the root filesystem from a userspace daemon
+    /// (fuse-overlayfs, one per running container): every file operation of
+    /// the guest's start passes through its single thread.
+    storage_cpu: Option<Duration>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -66,26 +71,14 @@ async fn main() {
         floor.push(bare_start(&trivial).await);
         docker_ok(&["stop", desktop.name()]);
         let c = start_until_ready(&desktop).await;
-        eprintln!(
-            "[bench-ready] stop/start {i}: ready {} (cli {}, services {}, probe {})",
-            ms(c.ready),
-            ms(c.cli),
-            ms(c.services),
-            ms(c.probe)
-        );
+        eprintln!("[bench-ready] stop/start {i}: {}", c.summary());
         stop_start.push(c);
 
         floor.push(bare_start(&trivial).await);
         docker_ok(&["kill", "-s", "KILL", desktop.name()]);
         docker_ok(&["wait", desktop.name()]);
         let c = start_until_ready(&desktop).await;
-        eprintln!(
-            "[bench-ready] kill/start {i}: ready {} (cli {}, services {}, probe {})",
-            ms(c.ready),
-            ms(c.cli),
-            ms(c.services),
-            ms(c.probe)
-        );
+        eprintln!("[bench-ready] kill/start {i}: {}", c.summary());
         kill_start.push(c);
     }
 
@@ -100,6 +93,7 @@ async fn main() {
 
     println!();
     println!("docker start -> ready on the guest socket ({cycles} cycles each)");
+    println!("engine: {}", engine());
     println!("{:<40} {:>8} {:>8} {:>8}", "", "p50", "p95", "max");
     row(
         "floor: trivial container ran",
@@ -139,6 +133,10 @@ async fn main() {
         "  last service ready -> ready (probe)",
         &all.iter().map(|c| c.probe).collect::<Vec<_>>(),
     );
+    let storage: Vec<Duration> = all.iter().filter_map(|c| c.storage_cpu).collect();
+    if storage.len() == all.len() {
+        row("  storage daemon CPU, start -> ready", &storage);
+    }
     let p50_ready = percentile(&all.iter().map(|c| c.ready).collect::<Vec<_>>(), 50);
     let p50_floor = percentile(&floor.iter().map(|f| f.ran).collect::<Vec<_>>(), 50);
     println!(
@@ -190,6 +188,7 @@ async fn start_until_ready(desktop: &Desktop) -> Cycle {
     let socket = started.elapsed();
     let statuses = client.watch_until_ready(desktop).await;
     let ready = started.elapsed();
+    let storage_cpu = storage_daemon_cpu(desktop);
     let status = statuses.last().unwrap();
     let engine_started: DateTime<Utc> = docker_ok(&[
         "inspect",
@@ -213,6 +212,54 @@ async fn start_until_ready(desktop: &Desktop) -> Cycle {
         socket,
         services: span(engine_started, last_service),
         probe: span(last_service, ready_since),
+        storage_cpu,
+    }
+}
+
+/// The engine's version and storage driver, for the table's header.
+fn engine() -> String {
+    docker_ok(&["info", "--format", "Docker {{.ServerVersion}}, storage driver {{.Driver}}"])
+}
+
+/// CPU time so far of the fuse-overlayfs process serving `desktop`'s root
+/// filesystem (found by its mount point, the last word of its command
+/// line); `None` for other storage drivers or a remote engine.
+fn storage_daemon_cpu(desktop: &Desktop) -> Option<Duration> {
+    let merged = docker_ok(&[
+        "inspect",
+        "--format",
+        "{{.GraphDriver.Name}} {{index .GraphDriver.Data \"MergedDir\"}}",
+        desktop.name(),
+    ]);
+    let merged = merged.strip_prefix("fuse-overlayfs ")?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let mut words = cmdline.split(|b| *b == 0).filter(|w| !w.is_empty());
+        let first = words.next()?;
+        let last = words.next_back()?;
+        if !first.ends_with(b"fuse-overlayfs") || last != merged.as_bytes() {
+            return None;
+        }
+        // schedstat: time on the CPU, in nanoseconds, first.
+        let schedstat = std::fs::read_to_string(entry.path().join("schedstat")).ok()?;
+        let ns: u64 = schedstat.split_whitespace().next()?.parse().ok()?;
+        Some(Duration::from_nanos(ns))
+    })
+}
+
+impl Cycle {
+    fn summary(&self) -> String {
+        let storage = self
+            .storage_cpu
+            .map(|d| format!(", storage daemon CPU {}", ms(d)))
+            .unwrap_or_default();
+        format!(
+            "ready {} (cli {}, services {}, probe {}{storage})",
+            ms(self.ready),
+            ms(self.cli),
+            ms(self.services),
+            ms(self.probe)
+        )
     }
 }
 
