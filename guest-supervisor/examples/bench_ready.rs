@@ -218,7 +218,11 @@ async fn start_until_ready(desktop: &Desktop) -> Cycle {
 
 /// The engine's version and storage driver, for the table's header.
 fn engine() -> String {
-    docker_ok(&["info", "--format", "Docker {{.ServerVersion}}, storage driver {{.Driver}}"])
+    docker_ok(&[
+        "info",
+        "--format",
+        "Docker {{.ServerVersion}}, storage driver {{.Driver}}",
+    ])
 }
 
 /// CPU time so far of the fuse-overlayfs process serving `desktop`'s root
@@ -232,19 +236,22 @@ fn storage_daemon_cpu(desktop: &Desktop) -> Option<Duration> {
         desktop.name(),
     ]);
     let merged = merged.strip_prefix("fuse-overlayfs ")?;
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        let mut words = cmdline.split(|b| *b == 0).filter(|w| !w.is_empty());
-        let first = words.next()?;
-        let last = words.next_back()?;
-        if !first.ends_with(b"fuse-overlayfs") || last != merged.as_bytes() {
-            return None;
-        }
-        // schedstat: time on the CPU, in nanoseconds, first.
-        let schedstat = std::fs::read_to_string(entry.path().join("schedstat")).ok()?;
-        let ns: u64 = schedstat.split_whitespace().next()?.parse().ok()?;
-        Some(Duration::from_nanos(ns))
-    })
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let mut words = cmdline.split(|b| *b == 0).filter(|w| !w.is_empty());
+            let first = words.next()?;
+            let last = words.next_back()?;
+            if !first.ends_with(b"fuse-overlayfs") || last != merged.as_bytes() {
+                return None;
+            }
+            // schedstat: time on the CPU, in nanoseconds, first.
+            let schedstat = std::fs::read_to_string(entry.path().join("schedstat")).ok()?;
+            let ns: u64 = schedstat.split_whitespace().next()?.parse().ok()?;
+            Some(Duration::from_nanos(ns))
+        })
 }
 
 impl Cycle {

@@ -78,8 +78,33 @@ impl DockerEngine {
             .map_err(|_| EngineError::Unavailable("no answer from the engine".into()))?
             .map_err(map_err)?;
         tracing::debug!(api = %docker.client_version(), "engine API version negotiated");
+        report_storage_driver(&docker).await;
         *slot = Some(docker.clone());
         Ok(docker)
+    }
+}
+
+/// Logs the engine's storage driver once, warning about the ones that make
+/// every start slow: a desktop's start touches a few thousand files, and
+/// `fuse-overlayfs` serves each operation from one userspace thread per
+/// container (about 3x the guest's start time next to `overlay2` on the same
+/// host; see docs/operations.md), while `vfs` copies whole layers.
+async fn report_storage_driver(docker: &Docker) {
+    let info = match tokio::time::timeout(CONNECT_TIMEOUT, docker.info()).await {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => return tracing::debug!(error = %e, "engine info unavailable"),
+        Err(_) => return tracing::debug!("engine info: no answer"),
+    };
+    let driver = info.driver.unwrap_or_default();
+    let version = info.server_version.unwrap_or_default();
+    if matches!(driver.as_str(), "fuse-overlayfs" | "vfs") {
+        tracing::warn!(
+            storage_driver = %driver,
+            engine = %version,
+            "the engine's storage driver slows every desktop start; overlay2 is recommended"
+        );
+    } else {
+        tracing::info!(storage_driver = %driver, engine = %version, "container engine");
     }
 }
 
