@@ -241,7 +241,9 @@ async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
             x_client::with_display(config, bound, move |conn, screen| {
                 let geometry = x_client::root_geometry(conn, screen)?;
                 let root = conn_root(conn, screen)?;
-                let wm = x_client::wm_state(conn, root).map_err(|e| e.to_string());
+                let wm = x_client::atom(conn, b"_NET_SUPPORTING_WM_CHECK")
+                    .and_then(|check| x_client::wm_state(conn, root, check))
+                    .map_err(|e| e.to_string());
                 let screenshot = (geometry.0 == width && geometry.1 == height).then(|| {
                     let started = Instant::now();
                     let sink = CountingWriter {

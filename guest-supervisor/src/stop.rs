@@ -251,12 +251,10 @@ fn ask_to_close(
         .get(screen)
         .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
         .root;
-    let atom =
-        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
-    let client_list = atom(b"_NET_CLIENT_LIST")?;
-    let wm_pid = atom(b"_NET_WM_PID")?;
-    let protocols = atom(b"WM_PROTOCOLS")?;
-    let delete = atom(b"WM_DELETE_WINDOW")?;
+    let client_list = x_client::atom(conn, b"_NET_CLIENT_LIST")?;
+    let wm_pid = x_client::atom(conn, b"_NET_WM_PID")?;
+    let protocols = x_client::atom(conn, b"WM_PROTOCOLS")?;
+    let delete = x_client::atom(conn, b"WM_DELETE_WINDOW")?;
     // The window manager's list of managed windows; without one, the
     // children of the root are the top-level windows.
     let listed = conn

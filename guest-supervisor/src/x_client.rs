@@ -127,12 +127,15 @@ pub enum WmState {
     Stale { window: u32 },
 }
 
-/// Reads `_NET_SUPPORTING_WM_CHECK` as EWMH defines it: the root names a
+/// Interns an atom (one round trip).
+pub fn atom(conn: &RustConnection, name: &[u8]) -> Result<u32, XError> {
+    Ok(conn.intern_atom(false, name)?.reply()?.atom)
+}
+
+/// Reads `_NET_SUPPORTING_WM_CHECK` (the atom `check`, interned by the
+/// caller, who may look many times) as EWMH defines it: the root names a
 /// child window, and that window names itself with the same property.
-pub fn wm_state(conn: &RustConnection, root: u32) -> Result<WmState, XError> {
-    let atom =
-        |name: &[u8]| -> Result<u32, XError> { Ok(conn.intern_atom(false, name)?.reply()?.atom) };
-    let check = atom(b"_NET_SUPPORTING_WM_CHECK")?;
+pub fn wm_state(conn: &RustConnection, root: u32, check: u32) -> Result<WmState, XError> {
     let window_of = |w: u32| -> Result<Option<u32>, XError> {
         let reply = conn
             .get_property(false, w, check, AtomEnum::WINDOW, 0, 1)?
@@ -151,8 +154,8 @@ pub fn wm_state(conn: &RustConnection, root: u32) -> Result<WmState, XError> {
         Err(e) => return Err(e),
     }
     let name = (|| -> Result<Option<String>, XError> {
-        let utf8 = atom(b"UTF8_STRING")?;
-        let net_wm_name = atom(b"_NET_WM_NAME")?;
+        let utf8 = atom(conn, b"UTF8_STRING")?;
+        let net_wm_name = atom(conn, b"_NET_WM_NAME")?;
         let reply = conn
             .get_property(false, window, net_wm_name, utf8, 0, 16)?
             .reply()?;

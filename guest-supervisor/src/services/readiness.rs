@@ -25,7 +25,7 @@ use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use super::output::LineReader;
 use crate::config::Config;
-use crate::x_client::WmState;
+use crate::x_client::{self, WmState};
 
 /// Why a service did not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -101,12 +101,7 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
         .first()
         .map(|s| s.root)
         .ok_or("the server has no screen")?;
-    let atom = conn
-        .intern_atom(false, b"_NET_SUPPORTING_WM_CHECK")
-        .map_err(|e| e.to_string())?
-        .reply()
-        .map_err(|e| e.to_string())?
-        .atom;
+    let atom = x_client::atom(&conn, b"_NET_SUPPORTING_WM_CHECK").map_err(|e| e.to_string())?;
     let watch = |window: u32| {
         conn.change_window_attributes(
             window,
@@ -123,7 +118,7 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
     // its own window next, so a named window is watched too.
     let mut watched = None;
     loop {
-        match crate::x_client::wm_state(&conn, root).map_err(|e| e.to_string())? {
+        match x_client::wm_state(&conn, root, atom).map_err(|e| e.to_string())? {
             WmState::Present { .. } => break,
             WmState::Stale { window } if watched != Some(window) => {
                 watched = Some(window);
