@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use api_support::{Harness, TOKEN};
 use clap::Parser as _;
-use dormouse_broker::cli::{run, CliArgs, CliError};
+use dormouse_cli::{run, CliArgs, CliError};
 use serde_json::Value;
 
 struct Cli {
