@@ -7,7 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod cli;
 pub mod command;
 pub mod config;
 pub mod daemon;

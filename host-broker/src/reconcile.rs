@@ -16,7 +16,6 @@ use std::collections::HashSet;
 
 use chrono::Duration as ChronoDuration;
 use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
@@ -55,18 +54,8 @@ impl EngineView {
     }
 }
 
-/// A container labelled as a Dormouse computer that has no record here.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Orphan {
-    /// Container name.
-    pub container: String,
-    /// The computer id its label names.
-    pub computer: String,
-    /// Its owner label.
-    pub owner: Option<String>,
-    /// Its run state.
-    pub state: String,
-}
+/// The API type of an orphan; defined with the other API types.
+pub use dormouse_protocol::api::Orphan;
 
 /// Inspects a record's container and image. The image is "present" only when
 /// the engine resolves the recorded ID to exactly that ID.

@@ -2,6 +2,8 @@
 //! loopback socket: output, `--wait` progress and failures, id resolution,
 //! and exit codes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api_support;
 
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use api_support::{Harness, TOKEN};
 use clap::Parser as _;
-use dormouse_broker::cli::{run, CliArgs, CliError};
+use dormouse_cli::{run, CliArgs, CliError};
 use serde_json::Value;
 
 struct Cli {
@@ -245,4 +247,88 @@ async fn status_watch_follows_changes_until_removed() {
         .expect("watch");
     assert!(out.contains("stopped manually"), "{out}");
     assert!(out.trim_end().ends_with("removed"), "{out}");
+}
+
+/// What a hostile guest might put into its status: an OSC 0 window title, a
+/// CSI clear-screen, an OSC 52 clipboard write, a C1 CSI, a forged line and
+/// a bidi override.
+const HOSTILE: &str =
+    "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}]52;c;ZXZpbA==\u{7}\u{9b}31m\nforged line\u{202e}evil";
+
+/// `HOSTILE` as the CLI must show it.
+const HOSTILE_SHOWN: &str =
+    "\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07\\u{009b}31m\\x0aforged line\\u{202e}evil";
+
+/// No byte a terminal would act on: C0 (except the CLI's own newlines), DEL,
+/// C1, bidi controls.
+fn assert_inert(out: &str) {
+    for c in out.chars() {
+        assert!(
+            c == '\n' || !dormouse_cli::escape::is_unsafe(c),
+            "raw {c:?} reached the output: {out:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn text_from_the_broker_is_escaped() {
+    use dormouse_protocol::{Check, CheckStatus, HealthReport};
+    let h = Harness::new();
+    let id = h.add("plain", true);
+    {
+        let mut s = h.lock();
+        let c = s.computers.get_mut(&id).expect("the computer");
+        c.name = format!("desk{HOSTILE}");
+        c.owner = format!("team{HOSTILE}");
+        c.problem = Some(format!("problem{HOSTILE}"));
+        c.resumable_problem = Some(format!("resumable{HOSTILE}"));
+        c.health = Some(HealthReport::from_checks(
+            vec![Check::new(
+                format!("check{HOSTILE}"),
+                CheckStatus::Fail,
+                format!("detail{HOSTILE}"),
+            )],
+            chrono::Utc::now(),
+        ));
+    }
+    let cli = Cli::serve(&h).await;
+    let id = id.to_string();
+
+    let status = cli.run(&["status", &id]).await.expect("status");
+    assert_inert(&status);
+    for field in ["desk", "team", "problem", "resumable", "check", "detail"] {
+        assert!(
+            status.contains(&format!("{field}{HOSTILE_SHOWN}")),
+            "{field} not shown escaped in:\n{status}"
+        );
+    }
+
+    let table = cli.run(&["ls"]).await.expect("ls");
+    assert_inert(&table);
+    assert!(table.contains(&format!("desk{HOSTILE_SHOWN}")), "{table}");
+    assert!(
+        table.contains(&format!("problem{HOSTILE_SHOWN}")),
+        "{table}"
+    );
+
+    // JSON: still the same value, but no raw control reaches the terminal.
+    let json = cli.run(&["--json", "status", &id]).await.expect("json");
+    assert_inert(&json);
+    let value: Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(value["name"], format!("desk{HOSTILE}"));
+    let json = cli.run(&["--json", "ls"]).await.expect("json ls");
+    assert_inert(&json);
+
+    // An error message that carries the broker's words is escaped where it
+    // is printed (main), and keeps them as they are in the error itself.
+    h.lock().fail_with = Some(dormouse_broker::error::BrokerError::WrongState(format!(
+        "refused{HOSTILE}"
+    )));
+    let err = cli.run(&["stop", &id]).await.expect_err("refused");
+    let shown = dormouse_cli::escape::safe(&err.to_string());
+    assert_inert(&shown);
+    assert!(
+        shown.contains(&format!("refused{HOSTILE_SHOWN}")),
+        "{shown}"
+    );
 }

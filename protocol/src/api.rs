@@ -147,6 +147,20 @@ pub struct LeaseGrant {
     pub expires_at: DateTime<Utc>,
 }
 
+/// A container labelled as a Dormouse computer that the broker has no record
+/// of (`GET /v1/orphans`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    /// Container name.
+    pub container: String,
+    /// The computer id its label names.
+    pub computer: String,
+    /// Its owner label.
+    pub owner: Option<String>,
+    /// Its run state.
+    pub state: String,
+}
+
 /// The body of every API error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiError {

@@ -11,6 +11,7 @@ pub mod api;
 pub mod frame;
 pub mod guest;
 pub mod health;
+pub mod local;
 
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
 pub use guest::{

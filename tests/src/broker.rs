@@ -22,6 +22,8 @@ use nix::unistd::Pid;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use dormouse_client::Endpoint;
+
 use crate::client::ApiClient;
 use crate::{TempDir, TEST_LABEL};
 
@@ -31,6 +33,10 @@ const HEALTHY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a broker may take to exit after SIGTERM before it gets SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(30);
+
+/// Longest a single API request of a test may take; a stop quiesces the
+/// guest and waits out the engine's stop timeout, so this is generous.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Label the broker puts on every container it makes.
 pub const COMPUTER_LABEL: &str = "dev.dormouse.computer";
@@ -133,7 +139,7 @@ impl BrokerProcess {
 
     /// A fresh API client for the broker as it listens now.
     pub fn client(&self) -> ApiClient {
-        ApiClient::new(&self.addr.to_string(), &self.token)
+        api_client(self.addr, Some(&self.token))
     }
 
     /// The process id while it runs.
@@ -276,7 +282,7 @@ impl BrokerProcess {
     }
 
     async fn wait_healthy(&mut self) -> Result<()> {
-        let probe = ApiClient::new(&self.addr.to_string(), "");
+        let probe = api_client(self.addr, None);
         let deadline = Instant::now() + HEALTHY_TIMEOUT;
         loop {
             if let Some(child) = self.child.as_mut() {
@@ -482,4 +488,17 @@ fn locate_or_build(name: &str) -> Result<PathBuf> {
         bail!("cargo built {name} but {} is missing", path.display());
     }
     Ok(path)
+}
+
+/// A client of the broker on `addr`, with its token (none: `/healthz` only).
+fn api_client(addr: SocketAddr, token: Option<&str>) -> ApiClient {
+    let mut builder = ApiClient::builder(Endpoint::tcp(addr))
+        .request_timeout(REQUEST_TIMEOUT)
+        .user_agent("dormouse-e2e");
+    if let Some(token) = token {
+        builder = builder.token(token);
+    }
+    builder
+        .build()
+        .expect("a client of a loopback address with a token read from its file always builds")
 }

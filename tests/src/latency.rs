@@ -39,9 +39,11 @@ impl Samples {
         let mut sorted = self.values.clone();
         sorted.sort();
         let p = p.clamp(0.0, 100.0);
-        // Rank = ceil(p/100 * n), at least 1; the cast is of a value in 1..=n.
-        let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-        sorted.get(rank.min(sorted.len()) - 1).copied()
+        // Rank = ceil(p/100 * n), at least 1: the first rank that reaches it.
+        let n = sorted.len();
+        let target = (p / 100.0) * n as f64;
+        let rank = (1..=n).find(|&r| r as f64 >= target).unwrap_or(n);
+        sorted.get(rank - 1).copied()
     }
 
     /// The median.

@@ -9,7 +9,8 @@
 //! ([`engine`]) and play the user inside a desktop ([`guest`], [`markers`],
 //! [`browser`]).
 
-#![allow(clippy::unwrap_used)]
+// A test-support crate: a failed unwrap is a failed test, said loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod broker;
 pub mod browser;

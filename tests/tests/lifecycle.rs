@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{is_ready, ApiClient, EventStream};
+use dormouse_e2e::client::{is_ready, ApiClient, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, EngineEventRecorder};
 use dormouse_e2e::guest::Guest;
 use dormouse_e2e::markers::Markers;
@@ -38,7 +38,7 @@ async fn broker_with_ready_desktop(
 ) -> Result<(BrokerProcess, ApiClient, EventStream, Uuid)> {
     let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
     let api = broker.client();
-    let mut events = api.events().await?;
+    let mut events = EventStream::open(&api).await?;
     let created = api
         .create(&CreateComputer {
             name: Some(name.to_owned()),
@@ -141,7 +141,7 @@ async fn stop_and_kill_keep_every_marker_scenario(
     // The reason is on disk, not in memory.
     broker.restart().await?;
     api = broker.client();
-    events = api.events().await?;
+    events = EventStream::open(&api).await?;
     // Reconciling may take a moment; the reason must come back, not vanish.
     api.wait_for(
         &mut events,
@@ -277,7 +277,7 @@ async fn broker_killed_mid_stop_reconciles_scenario(
 
     broker.start_again().await?;
     let api = broker.client();
-    let mut events = api.events().await?;
+    let mut events = EventStream::open(&api).await?;
     let first = api.get(id).await?;
     eprintln!(
         "first status after the restart: container {:?}, ready {}, phase {:?}, stop_reason {:?}",
@@ -360,7 +360,8 @@ async fn remove_keeps_workspace_for_readoption_scenario(
     api.remove(old, false).await?;
     let gone = api.get(old).await;
     ensure!(
-        gone.as_ref().err().and_then(|e| e.status()) == Some(reqwest::StatusCode::NOT_FOUND),
+        gone.as_ref().err().and_then(|e| e.status())
+            == Some(dormouse_e2e::client::StatusCode::NOT_FOUND),
         "a removed computer must be 404: {gone:?}"
     );
     ensure!(

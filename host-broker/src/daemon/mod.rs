@@ -126,16 +126,9 @@ impl DaemonArgs {
     }
 }
 
-/// `$XDG_STATE_HOME/dormouse`, else `~/.local/state/dormouse`.
-pub fn default_data_dir() -> Option<PathBuf> {
-    let absolute = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
-    if let Some(state) = std::env::var_os("XDG_STATE_HOME").and_then(absolute) {
-        return Some(state.join("dormouse"));
-    }
-    std::env::var_os("HOME")
-        .and_then(absolute)
-        .map(|home| home.join(".local/state/dormouse"))
-}
+/// `$XDG_STATE_HOME/dormouse`, else `~/.local/state/dormouse` (one
+/// definition, shared with the clients that look for the token there).
+pub use dormouse_protocol::local::default_data_dir;
 
 /// What stops the daemon from starting or makes it exit with an error.
 #[derive(Debug, thiserror::Error)]

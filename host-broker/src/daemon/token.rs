@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use rand::RngCore as _;
 
-/// File name of the token inside the data directory.
-pub const TOKEN_FILE: &str = "token";
+use dormouse_protocol::local::{parse_token, MIN_TOKEN_LEN};
 
-/// Shortest token accepted from a file an operator wrote (hex of 16 bytes).
-const MIN_TOKEN_LEN: usize = 32;
+/// File name of the token inside the data directory (one definition, shared
+/// with the clients that read it).
+pub use dormouse_protocol::local::TOKEN_FILE;
 
 /// What can go wrong with the token file.
 #[derive(Debug, thiserror::Error)]
@@ -104,17 +104,14 @@ pub fn read_checked(path: &Path) -> Result<String, TokenError> {
     read(path)
 }
 
-/// Reads a token file as a client does (no mode check: a client may be
-/// handed a copy).
-pub fn read(path: &Path) -> Result<String, TokenError> {
+/// Reads a token file's contents, refusing text that is no usable token.
+fn read(path: &Path) -> Result<String, TokenError> {
     let text = fs::read_to_string(path).map_err(io_err(path))?;
-    let token = text.trim();
-    if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(TokenError::Malformed {
+    parse_token(&text)
+        .map(str::to_owned)
+        .ok_or_else(|| TokenError::Malformed {
             path: path.to_owned(),
-        });
-    }
-    Ok(token.to_owned())
+        })
 }
 
 #[cfg(test)]

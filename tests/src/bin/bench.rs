@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{ApiClient, EventStream};
+use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, docker_ok};
 use dormouse_e2e::guest::Guest;
 use dormouse_e2e::latency::{ms, Samples};
@@ -262,7 +262,7 @@ impl DesktopNumbers {
 async fn dormouse(image: &str, args: &Args) -> Result<DesktopNumbers> {
     let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
     let api = broker.client();
-    let mut events = api.events().await?;
+    let mut events = EventStream::open(&api).await?;
     let mut numbers = DesktopNumbers::default();
     let started = Instant::now();
     let created = api
@@ -488,8 +488,9 @@ fn parse_size_kib(text: &str) -> Option<u64> {
         "GiB" | "GB" => 1024.0 * 1024.0,
         _ => return None,
     };
-    // Rounded KiB of a non-negative figure: the cast cannot go wrong.
-    Some((number * factor).round() as u64)
+    // Rounded KiB through its decimal form: a negative or non-finite figure
+    // is no size, and no float is cast.
+    format!("{:.0}", number * factor).parse().ok()
 }
 
 fn mib(kib: u64) -> String {

@@ -20,7 +20,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{ApiClient, ClientError, EventStream};
+use dormouse_e2e::client::StatusCode;
+use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, EngineEventRecorder, Killed};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::latency::{ms, Samples};
@@ -29,7 +30,6 @@ use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use reqwest::StatusCode;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -199,7 +199,7 @@ impl Chaos {
         let image = resolve_image(args.image.as_deref()).await?;
         let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
         let api = broker.client();
-        let mut events = api.events().await?;
+        let mut events = EventStream::open(&api).await?;
         let created = api
             .create(&CreateComputer {
                 name: Some("chaos".into()),
@@ -307,7 +307,7 @@ impl Chaos {
     /// New event stream (after a broker restart), traced when verbose.
     async fn reconnect(&mut self) -> Result<()> {
         self.api = self.broker.client();
-        self.events = self.api.events().await?;
+        self.events = EventStream::open(&self.api).await?;
         if let Some(epoch) = self.trace {
             self.events.trace_since(epoch);
         }

@@ -1,6 +1,6 @@
 //! `dormouse`: the command-line client of the Dormouse broker. A thin shell
-//! over [`dormouse_broker::cli`].
+//! over [`dormouse_cli::main`].
 
 fn main() -> std::process::ExitCode {
-    dormouse_broker::cli::main()
+    dormouse_cli::main()
 }

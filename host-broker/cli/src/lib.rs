@@ -1,10 +1,14 @@
 //! `dormouse`: the command-line client of the broker's public API.
 //!
-//! It speaks only HTTP and the `/v1/events` WebSocket, exactly as any other
-//! frontend would; it never reads the broker's state files (only the token).
+//! It speaks only HTTP and the `/v1/events` WebSocket, through
+//! `dormouse-client`, exactly as any other frontend would; it never reads the
+//! broker's state files (only the token). Everything it prints that came
+//! from the broker is escaped ([`escape`]): a guest chooses some of that text.
 //! Exit codes: 0 success, 1 failure (the broker said no, could not be
 //! reached, or no desktop matches), 2 usage (clap's, and an id prefix that
 //! matches several desktops).
+
+pub mod escape;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,24 +16,21 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use dormouse_client::token::{default_token_files, read_token_file, TokenFileError, TOKEN_FILE};
+use dormouse_client::{Client, Endpoint, EventStream, EventsError, StatusCode};
 use dormouse_protocol::api::{
-    ApiError as ApiErrorDto, BrokerEvent, ComputerStatus, ContainerState, CreateComputer,
-    LeaseGrant, LeaseRequest, StopReason, GENERATION_HEADER,
+    BrokerEvent, ComputerStatus, ContainerState, CreateComputer, LeaseRequest, StopReason,
+    GENERATION_HEADER,
 };
-use futures_util::StreamExt;
-use reqwest::{Method, StatusCode};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
 use uuid::Uuid;
 
-use crate::daemon::{default_data_dir, token};
-
-/// Where a broker installed by `scripts/install` keeps its token.
-const SYSTEM_DATA_DIR: &str = "/var/lib/dormouse";
+use escape::{safe_json, Safe};
 
 /// Bound of one HTTP request (a start or stop may wait on the engine).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Bound of connecting to the broker.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Flags of `dormouse`.
 #[derive(Debug, Clone, Parser)]
@@ -39,7 +40,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
     about = "Command-line client of the Dormouse broker (dormoused)"
 )]
 pub struct CliArgs {
-    /// The broker's URL.
+    /// The broker's URL: http://HOST:PORT, or unix:/PATH for a broker
+    /// listening on a unix socket.
     #[arg(
         long,
         global = true,
@@ -160,23 +162,24 @@ pub enum CliError {
     },
     /// A token file exists but is unusable.
     #[error(transparent)]
-    Token(#[from] token::TokenError),
+    Token(#[from] TokenFileError),
     /// The broker answered with an error.
     #[error("{code}: {message}")]
     Api {
         /// HTTP status.
         status: StatusCode,
-        /// The API's error code.
+        /// The API's error code (the status number when the answer was not
+        /// the API's error object).
         code: String,
         /// Its message.
         message: String,
     },
-    /// The broker could not be reached or answered nonsense.
-    #[error("{0}")]
-    Http(String),
+    /// The broker could not be reached or answered outside the contract.
+    #[error("{}", http_words(.0))]
+    Http(dormouse_client::Error),
     /// The event stream failed.
-    #[error("event stream: {0}")]
-    Events(String),
+    #[error("event stream: {}", events_words(.0))]
+    Events(EventsError),
     /// Waiting ended without success.
     #[error("{0}")]
     Failed(String),
@@ -200,17 +203,66 @@ impl CliError {
     }
 }
 
-impl From<reqwest::Error> for CliError {
-    fn from(e: reqwest::Error) -> Self {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
+impl From<dormouse_client::Error> for CliError {
+    fn from(e: dormouse_client::Error) -> Self {
+        match e {
+            dormouse_client::Error::Api {
+                status,
+                code,
+                message,
+                ..
+            } => Self::Api {
+                status,
+                code,
+                message,
+            },
+            dormouse_client::Error::UnexpectedStatus { status, body, .. } => Self::Api {
+                status,
+                code: status.as_u16().to_string(),
+                message: body.trim().to_owned(),
+            },
+            dormouse_client::Error::Events(e) => Self::Events(e),
+            other => Self::Http(other),
         }
-        Self::Http(text)
     }
+}
+
+impl From<EventsError> for CliError {
+    fn from(e: EventsError) -> Self {
+        Self::Events(e)
+    }
+}
+
+/// A transport or contract failure as a person reads it: the cause and its
+/// causes, without the method and path the command implies.
+fn http_words(e: &dormouse_client::Error) -> String {
+    match e {
+        dormouse_client::Error::Transport { source, .. } => chain(source),
+        dormouse_client::Error::Decode { source, .. } => {
+            format!("unexpected answer from the broker: {source}")
+        }
+        other => chain(other),
+    }
+}
+
+/// An event-stream failure: the WebSocket's own words, else the chain.
+fn events_words(e: &EventsError) -> String {
+    match e {
+        EventsError::WebSocket(ws) => ws.to_string(),
+        other => chain(other),
+    }
+}
+
+/// `e: cause: cause...`.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The whole of `dormouse`: parse, run, exit code.
@@ -231,7 +283,8 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
-            eprintln!("dormouse: {e}");
+            // Messages carry the broker's words, which a guest may choose.
+            eprintln!("dormouse: {}", Safe(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }
@@ -240,7 +293,7 @@ pub fn main() -> ExitCode {
 /// Runs one command, printing to `out`.
 pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
     let token = find_token(&args)?;
-    let client = Client::new(&args.url, token, args.generation)?;
+    let client = connect(&args.url, token, args.generation)?;
     let json = args.json;
     match args.command {
         CliCommand::Create {
@@ -259,12 +312,11 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             } else {
                 None
             };
-            let status: ComputerStatus = client
-                .call(Method::POST, "/v1/computers", Some(&request))
-                .await?;
+            let status = client.create(&request).await?;
             if let Some(events) = events.as_mut() {
                 if !json {
-                    writeln!(out, "created {} ({})", status.id, status.name).map_err(stdout)?;
+                    writeln!(out, "created {} ({})", status.id, Safe(&status.name))
+                        .map_err(stdout)?;
                 }
                 let status = wait_ready(&client, events, status, timeout, json, out).await?;
                 print_status(out, &status, json)
@@ -273,9 +325,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             }
         }
         CliCommand::Ls => {
-            let list: Vec<ComputerStatus> = client
-                .call(Method::GET, "/v1/computers", None::<&()>)
-                .await?;
+            let list = client.list().await?;
             if json {
                 print_json(out, &list)
             } else {
@@ -283,18 +333,16 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             }
         }
         CliCommand::Status { id, watch } => {
-            let id = client.resolve(&id).await?;
+            let id = resolve(&client, &id).await?;
             if watch {
                 watch_status(&client, id, json, out).await
             } else {
-                let status: ComputerStatus = client
-                    .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
-                    .await?;
+                let status = client.get(id).await?;
                 print_status(out, &status, json)
             }
         }
         CliCommand::Start { id, wait, timeout } => {
-            let id = client.resolve(&id).await?;
+            let id = resolve(&client, &id).await?;
             // Subscribe before asking, so no change between the two is missed.
             let mut events = if wait {
                 Some(client.events().await?)
@@ -302,7 +350,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                 None
             };
             let started = Instant::now();
-            let status = client.act(id, "start").await?;
+            let status = client.start(id).await?;
             match events.as_mut() {
                 Some(events) => {
                     let status = wait_ready(&client, events, status, timeout, json, out).await?;
@@ -319,22 +367,18 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             }
         }
         CliCommand::Stop { id } => {
-            let id = client.resolve(&id).await?;
-            let status = client.act(id, "stop").await?;
+            let id = resolve(&client, &id).await?;
+            let status = client.stop(id).await?;
             print_status(out, &status, json)
         }
         CliCommand::Touch { id } => {
-            let id = client.resolve(&id).await?;
-            let status = client.act(id, "touch").await?;
+            let id = resolve(&client, &id).await?;
+            let status = client.touch(id).await?;
             print_status(out, &status, json)
         }
         CliCommand::Rm { id, purge } => {
-            let id = client.resolve(&id).await?;
-            let path = format!(
-                "/v1/computers/{id}{}",
-                if purge { "?purge=true" } else { "" }
-            );
-            client.call_empty(Method::DELETE, &path).await?;
+            let id = resolve(&client, &id).await?;
+            client.remove(id, purge).await?;
             if json {
                 print_json(out, &serde_json::json!({ "removed": id, "purged": purge }))
             } else {
@@ -351,7 +395,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             }
         }
         CliCommand::Screenshot { id, output } => {
-            let id = client.resolve(&id).await?;
+            let id = resolve(&client, &id).await?;
             let png = client.screenshot(id).await?;
             std::fs::write(&output, &png).map_err(|source| CliError::Io {
                 path: output.clone(),
@@ -367,18 +411,12 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             }
         }
         CliCommand::Lease { id, holder, ttl } => {
-            let id = client.resolve(&id).await?;
+            let id = resolve(&client, &id).await?;
             let request = LeaseRequest {
                 holder,
                 ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             };
-            let grant: LeaseGrant = client
-                .call(
-                    Method::POST,
-                    &format!("/v1/computers/{id}/lease"),
-                    Some(&request),
-                )
-                .await?;
+            let grant = client.lease(id, &request).await?;
             if json {
                 print_json(out, &grant)
             } else {
@@ -386,7 +424,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                     out,
                     "generation {} for {} until {} (send it as --generation {} or {GENERATION_HEADER})",
                     grant.generation,
-                    grant.holder,
+                    Safe(&grant.holder),
                     grant.expires_at.to_rfc3339(),
                     grant.generation
                 )
@@ -400,10 +438,10 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
 /// default data directory, then the system one of `scripts/install`.
 fn find_token(args: &CliArgs) -> Result<String, CliError> {
     if let Some(file) = &args.token_file {
-        return Ok(token::read(file)?);
+        return Ok(read_token_file(file)?);
     }
     if let Some(dir) = &args.data_dir {
-        return Ok(token::read(&dir.join(token::TOKEN_FILE))?);
+        return Ok(read_token_file(&dir.join(TOKEN_FILE))?);
     }
     if let Ok(token) = std::env::var("DORMOUSE_TOKEN") {
         let token = token.trim().to_owned();
@@ -411,14 +449,10 @@ fn find_token(args: &CliArgs) -> Result<String, CliError> {
             return Ok(token);
         }
     }
-    let candidates: Vec<PathBuf> = default_data_dir()
-        .into_iter()
-        .chain([PathBuf::from(SYSTEM_DATA_DIR)])
-        .map(|d| d.join(token::TOKEN_FILE))
-        .collect();
+    let candidates = default_token_files();
     for path in &candidates {
         if path.exists() {
-            return Ok(token::read(path)?);
+            return Ok(read_token_file(path)?);
         }
     }
     Err(CliError::NoToken {
@@ -430,176 +464,55 @@ fn find_token(args: &CliArgs) -> Result<String, CliError> {
     })
 }
 
-/// The API over HTTP, with the token and the fencing generation.
-struct Client {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-    generation: Option<u64>,
-}
-
-impl Client {
-    fn new(url: &str, token: String, generation: Option<u64>) -> Result<Self, CliError> {
-        let base = url.trim_end_matches('/').to_owned();
-        if !base.starts_with("http://") {
-            return Err(CliError::Usage(format!(
-                "--url {url:?} must start with http:// (for a unix socket, use curl --unix-socket)"
-            )));
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("dormouse/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        Ok(Self {
-            http,
-            base,
-            token,
-            generation,
-        })
-    }
-
-    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        let mut request = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let (Some(g), true) = (self.generation, method != Method::GET) {
-            request = request.header(GENERATION_HEADER, g.to_string());
-        }
-        request
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, CliError> {
-        let response = request.send().await?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
-        Err(match serde_json::from_slice::<ApiErrorDto>(&body) {
-            Ok(e) => CliError::Api {
-                status,
-                code: e.error.code,
-                message: e.error.message,
-            },
-            Err(_) => CliError::Api {
-                status,
-                code: status.as_u16().to_string(),
-                message: String::from_utf8_lossy(&body).trim().to_owned(),
-            },
-        })
-    }
-
-    async fn call<T, B>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, CliError>
-    where
-        T: serde::de::DeserializeOwned,
-        B: serde::Serialize + ?Sized,
-    {
-        let mut request = self.request(method, path);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = self.send(request).await?;
-        response
-            .json::<T>()
-            .await
-            .map_err(|e| CliError::Http(format!("unexpected answer from the broker: {e}")))
-    }
-
-    /// `POST /v1/computers/{id}/{verb}` for the verbs without a body
-    /// (`start`, `stop`, `touch`), answered with the computer's status.
-    async fn act(&self, id: Uuid, verb: &str) -> Result<ComputerStatus, CliError> {
-        self.call(
-            Method::POST,
-            &format!("/v1/computers/{id}/{verb}"),
-            None::<&()>,
-        )
-        .await
-    }
-
-    async fn call_empty(&self, method: Method, path: &str) -> Result<(), CliError> {
-        self.send(self.request(method, path)).await.map(drop)
-    }
-
-    async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, CliError> {
-        let response = self
-            .send(self.request(Method::GET, &format!("/v1/computers/{id}/screenshot")))
-            .await?;
-        Ok(response.bytes().await?.to_vec())
-    }
-
-    /// A UUID as is; otherwise an exact name or a unique id prefix.
-    async fn resolve(&self, given: &str) -> Result<Uuid, CliError> {
-        if let Ok(id) = Uuid::try_parse(given) {
-            return Ok(id);
-        }
-        let list: Vec<ComputerStatus> =
-            self.call(Method::GET, "/v1/computers", None::<&()>).await?;
-        let by_name: Vec<Uuid> = list
-            .iter()
-            .filter(|c| c.name == given)
-            .map(|c| c.id)
-            .collect();
-        let matches = if by_name.is_empty() {
-            let prefix = given.to_ascii_lowercase();
-            list.iter()
-                .filter(|c| !prefix.is_empty() && c.id.to_string().starts_with(&prefix))
-                .map(|c| c.id)
-                .collect()
-        } else {
-            by_name
-        };
-        match matches.as_slice() {
-            [id] => Ok(*id),
-            [] => Err(CliError::Failed(format!(
-                "no desktop named {given:?} or with an id starting so"
-            ))),
-            _ => Err(CliError::Usage(format!(
-                "{given:?} matches {} desktops; give more of the id",
-                matches.len()
-            ))),
-        }
-    }
-
-    /// Opens `/v1/events` with the token in the `Authorization` header.
-    async fn events(&self) -> Result<EventStream, CliError> {
-        let url = format!("ws{}/v1/events", self.base.trim_start_matches("http"));
-        let mut request = url
-            .into_client_request()
-            .map_err(|e| CliError::Events(e.to_string()))?;
-        let auth = HeaderValue::from_str(&format!("Bearer {}", self.token))
-            .map_err(|_| CliError::Usage("the token is not a valid header value".into()))?;
-        request.headers_mut().insert("Authorization", auth);
-        let (socket, _) = tokio_tungstenite::connect_async(request)
-            .await
-            .map_err(|e| CliError::Events(e.to_string()))?;
-        Ok(EventStream { socket })
-    }
-}
-
-/// The `/v1/events` stream, decoded.
-struct EventStream {
-    socket: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-}
-
-impl EventStream {
-    /// The next event; `None` when the broker closed the stream.
-    async fn next(&mut self) -> Result<Option<BrokerEvent>, CliError> {
-        while let Some(message) = self.socket.next().await {
-            match message.map_err(|e| CliError::Events(e.to_string()))? {
-                Message::Text(text) => {
-                    return serde_json::from_str(&text)
-                        .map(Some)
-                        .map_err(|e| CliError::Events(format!("unexpected event: {e}")));
-                }
-                Message::Close(_) => return Ok(None),
-                _ => {}
+/// The API client for `--url`, with the token and the fencing generation.
+fn connect(url: &str, token: String, generation: Option<u64>) -> Result<Client, CliError> {
+    let endpoint: Endpoint = url
+        .parse()
+        .map_err(|e| CliError::Usage(format!("--url: {e}")))?;
+    Client::builder(endpoint)
+        .token(token)
+        .generation(generation)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .request_timeout(REQUEST_TIMEOUT)
+        .user_agent(concat!("dormouse/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| match e {
+            dormouse_client::SetupError::InvalidToken => {
+                CliError::Usage("the token is not a valid header value".into())
             }
-        }
-        Ok(None)
+            other => CliError::Http(other.into()),
+        })
+}
+
+/// A UUID as is; otherwise an exact name or a unique id prefix.
+async fn resolve(client: &Client, given: &str) -> Result<Uuid, CliError> {
+    if let Ok(id) = Uuid::try_parse(given) {
+        return Ok(id);
+    }
+    let list = client.list().await?;
+    let by_name: Vec<Uuid> = list
+        .iter()
+        .filter(|c| c.name == given)
+        .map(|c| c.id)
+        .collect();
+    let matches = if by_name.is_empty() {
+        let prefix = given.to_ascii_lowercase();
+        list.iter()
+            .filter(|c| !prefix.is_empty() && c.id.to_string().starts_with(&prefix))
+            .map(|c| c.id)
+            .collect()
+    } else {
+        by_name
+    };
+    match matches.as_slice() {
+        [id] => Ok(*id),
+        [] => Err(CliError::Failed(format!(
+            "no desktop named {given:?} or with an id starting so"
+        ))),
+        _ => Err(CliError::Usage(format!(
+            "{given:?} matches {} desktops; give more of the id",
+            matches.len()
+        ))),
     }
 }
 
@@ -632,9 +545,7 @@ async fn wait_ready(
         ) {
             // The stream's first messages are a snapshot that may predate the
             // start; only a fresh read can say the start really failed.
-            let fresh: ComputerStatus = client
-                .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
-                .await?;
+            let fresh = client.get(id).await?;
             if !matches!(
                 fresh.container,
                 ContainerState::Stopped | ContainerState::Missing
@@ -669,12 +580,10 @@ async fn wait_ready(
             Some(_) => {}
             None => {
                 // The stream ended (broker restart); one last look.
-                last = client
-                    .call(Method::GET, &format!("/v1/computers/{id}"), None::<&()>)
-                    .await?;
+                last = client.get(id).await?;
                 if !last.ready {
-                    return Err(CliError::Events(
-                        "the broker closed the event stream".into(),
+                    return Err(CliError::Failed(
+                        "event stream: the broker closed the event stream".into(),
                     ));
                 }
             }
@@ -716,8 +625,8 @@ async fn watch_status(
             _ => {}
         }
     }
-    Err(CliError::Events(
-        "the broker closed the event stream".into(),
+    Err(CliError::Failed(
+        "event stream: the broker closed the event stream".into(),
     ))
 }
 
@@ -742,7 +651,7 @@ fn progress_line(s: &ComputerStatus) -> String {
         (other, _) => format!("container {}", container_word(other)),
     };
     if let Some(problem) = &s.problem {
-        line.push_str(&format!(" ({problem})"));
+        line.push_str(&format!(" ({})", Safe(problem)));
     }
     line
 }
@@ -775,7 +684,7 @@ fn print_json<T: serde::Serialize + ?Sized>(
 ) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| CliError::Failed(format!("cannot print JSON: {e}")))?;
-    writeln!(out, "{text}").map_err(stdout)
+    writeln!(out, "{}", safe_json(&text)).map_err(stdout)
 }
 
 fn print_status(
@@ -789,8 +698,8 @@ fn print_status(
     let mut text = format!(
         "id          {}\nname        {}\nowner       {}\nstate       {}\ncontainer   {}\nready       {}\n",
         s.id,
-        s.name,
-        s.owner,
+        Safe(&s.name),
+        Safe(&s.owner),
         progress_line(s),
         container_word(s.container),
         s.ready
@@ -803,7 +712,7 @@ fn print_status(
         s.resumable,
         s.resumable_problem
             .as_deref()
-            .map(|p| format!(" ({p})"))
+            .map(|p| format!(" ({})", Safe(p)))
             .unwrap_or_default()
     ));
     if let Some(idle) = &s.idle {
@@ -811,16 +720,17 @@ fn print_status(
     }
     text.push_str(&format!(
         "generation  {}\nimage       {}\n",
-        s.generation, s.image_id
+        s.generation,
+        Safe(&s.image_id)
     ));
     if let Some(health) = &s.health {
         text.push_str(&format!("health      {}\n", serde_plain(&health.overall)));
         for check in &health.checks {
             text.push_str(&format!(
                 "  {:<18} {:<8} {}\n",
-                check.name,
+                Safe(&check.name),
                 serde_plain(&check.status),
-                check.detail
+                Safe(&check.detail)
             ));
         }
     }
@@ -831,7 +741,7 @@ fn idle_words(idle: &dormouse_protocol::api::IdleStatus) -> String {
     let window = humantime::format_duration(Duration::from_secs(idle.timeout_ms / 1000));
     match idle.stops_at {
         Some(at) => {
-            let left = (at - chrono::Utc::now()).num_seconds().max(0) as u64;
+            let left = u64::try_from((at - chrono::Utc::now()).num_seconds()).unwrap_or(0);
             format!(
                 "stops in {} (window {window})",
                 humantime::format_duration(Duration::from_secs(left))
@@ -854,7 +764,7 @@ fn print_table(out: &mut (dyn Write + Send), list: &[ComputerStatus]) -> Result<
         text.push_str(&format!(
             "{:<10} {:<20} {:<10} {:<6} {}\n",
             short,
-            s.name,
+            Safe(&s.name),
             container_word(s.container),
             if s.ready { "yes" } else { "no" },
             progress_line(s)
