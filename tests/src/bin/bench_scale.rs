@@ -28,12 +28,13 @@ use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use clap::Parser;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::ApiClient;
+use dormouse_e2e::client::{ApiClient, EventStream, Waits};
 use dormouse_e2e::engine::docker_ok;
 use dormouse_e2e::latency::{ms, Samples};
-use dormouse_protocol::api::{BrokerEvent, ContainerState, CreateComputer, StopReason};
+use dormouse_protocol::api::{
+    BrokerEvent, ContainerState, CreateComputer, PatchComputer, StopReason,
+};
 use nix::sys::signal::Signal;
-use reqwest::Method;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
@@ -168,7 +169,7 @@ async fn grow(
                         ..CreateComputer::default()
                     })
                     .await?;
-                let mut events = api.events().await?;
+                let mut events = EventStream::open(&api).await?;
                 api.wait_ready(&mut events, created.id, READY_TIMEOUT)
                     .await?;
                 if stop {
@@ -237,7 +238,7 @@ async fn measure(
 
     // Resume of one desktop while the others run.
     let one = *running.last().context("no running desktop")?;
-    let mut events = api.events().await?;
+    let mut events = EventStream::open(&api).await?;
     api.stop(one).await?;
     api.wait_stopped(&mut events, one, READY_TIMEOUT).await?;
     let asked = Instant::now();
@@ -296,21 +297,20 @@ async fn concurrent_reads(api: &ApiClient, ids: &[Uuid], list: bool) -> Result<S
 async fn push_delay(api: &ApiClient, id: Uuid) -> Result<Samples> {
     let mut streams = Vec::new();
     for _ in 0..WATCHERS {
-        let mut s = api.events().await?;
-        s.discard_buffered();
-        streams.push(s);
+        streams.push(api.events().await?);
     }
     // Let each stream's snapshot on connect arrive and be discarded.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for s in &mut streams {
-        s.discard_buffered();
+        while s.next_buffered()?.is_some() {}
     }
     let window_ms = 86_400_000 - u64::from(rand::random::<u16>());
     let asked = Instant::now();
-    api.send(
-        Method::PATCH,
-        &format!("/v1/computers/{id}"),
-        Some(&serde_json::json!({ "idle_timeout_ms": window_ms })),
+    api.patch(
+        id,
+        &PatchComputer {
+            idle_timeout_ms: Some(window_ms),
+        },
     )
     .await?;
     let mut tasks = tokio::task::JoinSet::new();
@@ -318,10 +318,10 @@ async fn push_delay(api: &ApiClient, id: Uuid) -> Result<Samples> {
         tasks.spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                let event = tokio::time::timeout_at(deadline, s.next_event())
+                let event = tokio::time::timeout_at(deadline, s.next())
                     .await
                     .context("no push within 10 s")??;
-                if let BrokerEvent::Status { computer } = event {
+                if let Some(BrokerEvent::Status { computer }) = event {
                     if computer.id == id
                         && computer.idle.as_ref().map(|i| i.timeout_ms) == Some(window_ms)
                     {
@@ -384,14 +384,14 @@ async fn idle_lateness(api: &ApiClient, running: &[Uuid]) -> Result<Samples> {
     let mut due = BTreeMap::new();
     for (i, id) in running.iter().enumerate() {
         let window = 10_000 + 250 * u64::try_from(i).context("index")?;
-        let body = api
-            .send(
-                Method::PATCH,
-                &format!("/v1/computers/{id}"),
-                Some(&serde_json::json!({ "idle_timeout_ms": window })),
+        let status = api
+            .patch(
+                *id,
+                &PatchComputer {
+                    idle_timeout_ms: Some(window),
+                },
             )
             .await?;
-        let status: dormouse_protocol::api::ComputerStatus = serde_json::from_slice(&body)?;
         let at = status
             .idle
             .and_then(|i| i.stops_at)
@@ -401,11 +401,10 @@ async fn idle_lateness(api: &ApiClient, running: &[Uuid]) -> Result<Samples> {
     let mut late = Samples::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !due.is_empty() && Instant::now() < deadline {
-        let Ok(event) = tokio::time::timeout(Duration::from_secs(5), events.next_event()).await
-        else {
+        let Ok(event) = tokio::time::timeout(Duration::from_secs(5), events.next()).await else {
             continue;
         };
-        if let BrokerEvent::Status { computer } = event? {
+        if let Some(BrokerEvent::Status { computer }) = event? {
             if computer.container == ContainerState::Stopped
                 && computer.stop_reason == Some(StopReason::Idle)
             {
