@@ -8,6 +8,8 @@
 //! broker must start and serve without an engine, answering 503 where one
 //! is needed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -398,4 +400,249 @@ fn refusals_exit_with_an_error() {
         .output()
         .expect("run");
     assert_eq!(output.status.code(), Some(2));
+}
+
+/// How a slow client behaves after connecting.
+#[derive(Debug, Clone, Copy)]
+enum Slow {
+    /// Sends the start of a request line, then nothing.
+    PartialLine,
+    /// Sends a request line, then its headers one byte every few seconds.
+    TrickledHeaders,
+    /// Connects and sends nothing.
+    Silent,
+    /// One complete request on a kept-alive connection, then nothing.
+    IdleKeepAlive,
+}
+
+/// Runs `slow` against `addr` and returns how long after connecting the
+/// broker closed the connection (`None`: still open after `bound`), and
+/// what it sent.
+fn time_to_close(port: u16, slow: Slow, bound: Duration) -> (Option<Duration>, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let started = Instant::now();
+    let trickle = b"Host: dormouse\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut sent = 0;
+    let mut last_byte = started;
+    match slow {
+        Slow::PartialLine => stream.write_all(b"GET /v1/comp").expect("send"),
+        Slow::TrickledHeaders => stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .expect("send"),
+        Slow::Silent => {}
+        Slow::IdleKeepAlive => stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: dormouse\r\n\r\n")
+            .expect("send"),
+    }
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < bound {
+        match stream.read(&mut buf) {
+            Ok(0) => return (Some(started.elapsed()), lossy(&received)),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (Some(started.elapsed()), lossy(&received)),
+        }
+        if matches!(slow, Slow::TrickledHeaders)
+            && sent < trickle.len() - 4
+            && last_byte.elapsed() >= Duration::from_secs(3)
+        {
+            last_byte = Instant::now();
+            if stream.write_all(&trickle[sent..=sent]).is_err() {
+                return (Some(started.elapsed()), lossy(&received));
+            }
+            sent += 1;
+        }
+    }
+    (None, lossy(&received))
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Token-less slow clients (the slowloris family) are closed by the header
+/// deadline (10 s by default), whatever they send and however slowly.
+#[test]
+fn slow_clients_are_closed_within_the_header_timeout() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let header_timeout = Duration::from_secs(10);
+    let bound = header_timeout + Duration::from_secs(10);
+    let clients = [
+        Slow::PartialLine,
+        Slow::TrickledHeaders,
+        Slow::Silent,
+        Slow::IdleKeepAlive,
+    ];
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|slow| std::thread::spawn(move || (slow, time_to_close(port, slow, bound))))
+        .collect();
+    for handle in handles {
+        let (slow, (closed, received)) = handle.join().expect("client thread");
+        let closed = closed.unwrap_or_else(|| {
+            panic!("{slow:?}: still open after {bound:?}; received {received:?}")
+        });
+        eprintln!(
+            "{slow:?}: closed by the broker after {:.2} s",
+            closed.as_secs_f64()
+        );
+        assert!(
+            closed <= header_timeout + Duration::from_secs(2),
+            "{slow:?}: closed only after {closed:?}"
+        );
+        if matches!(slow, Slow::IdleKeepAlive) {
+            assert!(received.starts_with("HTTP/1.1 200"), "{received:?}");
+        }
+    }
+}
+
+/// A request whose body trickles in is answered 408 at the body deadline
+/// and its connection closed.
+#[test]
+fn a_trickled_body_is_refused_at_the_body_timeout() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--body-timeout",
+            "4s",
+        ],
+        false,
+        &[],
+    );
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let token = read_token(&d).expect("token");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/computers HTTP/1.1\r\nHost: dormouse\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    )
+    .expect("send head");
+    let started = Instant::now();
+    let mut last = started;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still open; received {:?}",
+            lossy(&received)
+        );
+        match stream.read(&mut buf) {
+            Ok(0) => break started.elapsed(),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break started.elapsed(),
+        }
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            let _ = stream.write_all(b" ");
+        }
+    };
+    let received = lossy(&received);
+    eprintln!(
+        "trickled body: answered and closed after {:.2} s",
+        closed.as_secs_f64()
+    );
+    assert!(received.starts_with("HTTP/1.1 408"), "{received}");
+    assert!(received.contains("request_timeout"), "{received}");
+    assert!(closed <= Duration::from_secs(6), "closed after {closed:?}");
+}
+
+/// Beyond `--max-connections`, new connections wait (in the listen backlog)
+/// until one closes: with 4 silent connections holding the cap, 2 complete
+/// requests are not served until the header deadline frees the slots, and
+/// the broker says once that the cap was reached.
+#[test]
+fn the_connection_cap_holds() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--max-connections",
+            "4",
+            "--header-timeout",
+            "4s",
+        ],
+        false,
+        &[],
+    );
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let started = Instant::now();
+    let holders: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    // Let the broker accept all four before the others arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+                s.write_all(
+                    b"GET /healthz HTTP/1.1\r\nHost: dormouse\r\nConnection: close\r\n\r\n",
+                )
+                .expect("send");
+                let mut reply = String::new();
+                let _ = s.read_to_string(&mut reply);
+                (started.elapsed(), reply)
+            })
+        })
+        .collect();
+    for handle in waiting {
+        let (served, reply) = handle.join().expect("client");
+        eprintln!(
+            "request beyond the cap served after {:.2} s",
+            served.as_secs_f64()
+        );
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        assert!(
+            served >= Duration::from_millis(3500),
+            "served after {served:?}, while the cap was held"
+        );
+        assert!(served <= Duration::from_secs(8), "served after {served:?}");
+    }
+    drop(holders);
+    assert_eq!(
+        d.log().matches("connection cap reached").count(),
+        1,
+        "{}",
+        d.log()
+    );
 }
