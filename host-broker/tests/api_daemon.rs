@@ -394,6 +394,25 @@ fn refusals_exit_with_an_error() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("readable by its owner only"));
 
+    // A token file reached through a symbolic link.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&elsewhere, "a".repeat(64)).expect("write");
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::os::unix::fs::symlink(&elsewhere, data.join("token")).expect("symlink");
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+
     // Usage errors exit 2.
     let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
         .args(["--idle-timeout", "10ms"])
@@ -645,4 +664,56 @@ fn the_connection_cap_holds() {
         "{}",
         d.log()
     );
+}
+
+/// An empty token file (an interrupted first start of an older broker) does
+/// not block the start: it is replaced by a whole new token.
+#[test]
+fn an_empty_token_file_is_replaced_at_start() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    d.signal("TERM");
+    assert_eq!(d.wait_exit().code(), Some(0));
+    let path = d.data_dir().join("token");
+    let engine_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(&path, "").expect("truncate the token");
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(d.data_dir())
+        .args(["--listen", &listen, "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(engine_dir.path()))
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut second = DropKill(output);
+    let mut token = None;
+    d.wait_for("a new token and an answer", || {
+        token = read_token(&d);
+        token
+            .as_ref()
+            .is_some_and(|t| tcp(port, "GET", "/v1/computers", Some(t)).map(|r| r.0) == Some(200))
+    });
+    assert_eq!(token.map(|t| t.len()), Some(64));
+    assert_eq!(
+        std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    let _ = second.0.kill();
+    let _ = second.0.wait();
+}
+
+struct DropKill(Child);
+
+impl Drop for DropKill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
