@@ -19,6 +19,7 @@ use dormouse_broker::engine::docker::DockerEngine;
 use dormouse_broker::engine::Engine;
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
+use dormouse_broker::quota;
 use dormouse_e2e::{desktop_image, docker, docker_available, TempDir};
 use dormouse_protocol::api::{ContainerState, CreateComputer, PatchComputer};
 use engine_support::{broker_config, log, wait_ready, wait_until, RunGuard};
@@ -135,6 +136,20 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
         "ready; {} records; {} KiB free on the data directory",
         records_before,
         free_bytes(&data) / 1024
+    );
+
+    // No project quota on a tmpfs: the broker says so rather than pretend.
+    let workspace = data
+        .join("computers")
+        .join(id.to_string())
+        .join("workspace");
+    let limit =
+        quota::apply_workspace_limit(id, &workspace, quota::WorkspaceQuota::default()).await;
+    eprintln!("workspace limit: {limit:?}");
+    assert!(!limit.enforced);
+    assert!(
+        limit.reason.as_deref().is_some_and(|r| r.contains("tmpfs")),
+        "{limit:?}"
     );
 
     // The guest fills the filesystem through its workspace.
