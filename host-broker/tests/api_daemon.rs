@@ -717,3 +717,60 @@ impl Drop for DropKill {
         let _ = self.0.wait();
     }
 }
+
+/// A client that pipelines requests and never reads the answers cannot hold
+/// its connection: once the socket buffers are full, the broker's write
+/// stalls, and after 30 s it gives up and closes, so fewer answers than
+/// requests ever arrive.
+#[test]
+fn a_client_that_never_reads_is_dropped_after_a_stalled_write() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let token = read_token(&d).expect("token");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let request = format!(
+        "GET /v1/openapi.json HTTP/1.1\r\nHost: dormouse\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    // About 40 MB of answers, far more than loopback socket buffers hold.
+    let requests = 1000;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut sent = 0;
+    for _ in 0..requests {
+        if stream.write_all(request.as_bytes()).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_secs(36));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut received = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    let answers = lossy(&received).matches("HTTP/1.1 200").count();
+    eprintln!(
+        "sent {sent} requests, never read for 36 s: {answers} answers arrived, then the \
+         connection {}",
+        if ended { "was closed" } else { "stayed open" }
+    );
+    assert!(ended, "the broker closed the connection");
+    assert!(
+        answers < sent,
+        "{answers} of {sent}: the broker kept writing"
+    );
+}
