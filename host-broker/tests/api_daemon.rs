@@ -774,3 +774,45 @@ fn a_client_that_never_reads_is_dropped_after_a_stalled_write() {
         "{answers} of {sent}: the broker kept writing"
     );
 }
+
+/// Text with a line break in it (here a data directory's name, in the
+/// starting line) is logged escaped: it cannot forge a second log line.
+#[test]
+fn logged_text_cannot_forge_a_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let forged = "INFO dormouse::access: request method=DELETE status=204 FORGED";
+    let data = dir.path().join(format!("data\n{forged}\u{202e}"));
+    let log_path = dir.path().join("log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .env_remove("RUST_LOG")
+        .env_remove("DORMOUSE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn");
+    let mut child = DropKill(child);
+    let deadline = Instant::now() + PATIENCE;
+    let text = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.contains("dormoused ready") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "not ready:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.0.kill();
+    for line in text.lines() {
+        assert!(!line.starts_with(forged), "a forged line:\n{text}");
+        assert!(!line.contains('\u{202e}'), "a raw bidi override:\n{text}");
+    }
+    assert!(
+        text.contains(&format!("data\\n{forged}\\u{{202e}}")),
+        "{text}"
+    );
+}
