@@ -305,7 +305,18 @@ fn unix_socket_listener() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("api.sock");
     let listen = format!("unix:{}", socket.display());
-    let mut d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    let mut d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--header-timeout",
+            "1s",
+        ],
+        false,
+        &[],
+    );
     d.wait_for("READY=1", || {
         d.notified().iter().any(|m| m.contains("READY=1"))
     });
@@ -315,6 +326,17 @@ fn unix_socket_listener() {
     let mut stream = UnixStream::connect(&socket).expect("connect");
     let (status, body) = http(&mut stream, "GET", "/v1/computers", Some(&token));
     assert_eq!((status, body.trim()), (200, "[]"));
+    // The head deadline holds on a unix socket too.
+    let mut silent = UnixStream::connect(&socket).expect("connect");
+    silent.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut silent, &mut rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a silent unix connection stayed open {:?}",
+        started.elapsed()
+    );
     d.signal("TERM");
     assert_eq!(d.wait_exit().code(), Some(0));
     assert!(
@@ -338,7 +360,14 @@ fn socket_activation() {
     let activated = format!("127.0.0.1:{port}");
     let ignored = format!("127.0.0.1:{}", free_port());
     let mut d = spawn(
-        &["--listen", &ignored, "--image", "none"],
+        &[
+            "--listen",
+            &ignored,
+            "--image",
+            "none",
+            "--header-timeout",
+            "1s",
+        ],
         false,
         &[activate, "-l", &activated],
     );
@@ -349,6 +378,17 @@ fn socket_activation() {
         answer.is_some()
     });
     assert_eq!(answer.map(|a| a.0), Some(200));
+    // The activated socket is served under the same limits.
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    silent.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut silent, &mut rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a silent connection stayed open {:?}",
+        started.elapsed()
+    );
     d.wait_for("READY=1", || {
         d.notified().iter().any(|m| m.contains("READY=1"))
     });
