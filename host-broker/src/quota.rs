@@ -66,7 +66,8 @@ enum QuotaFs {
 }
 
 /// Sets the project quota `quota` on `workspace` for computer `id` and says
-/// whether it is enforced. Safe to call again on every start: the id and the
+/// whether it is enforced; the reason, when not, names no host path (it is
+/// served in the status). Safe to call again on every start: the id and the
 /// limits are simply set again (files made while no limit held are relabelled).
 pub async fn apply_workspace_limit(
     id: Uuid,
@@ -181,11 +182,13 @@ fn inspect(workspace: &Path) -> Result<(QuotaFs, PathBuf), String> {
         .any(|o| matches!(o, "prjquota" | "pquota"))
         && !options.split(',').any(|o| o == "pqnoenforce");
     if !enforced {
-        return Err(format!(
-            "the data directory's filesystem ({}) is mounted without enforced project quotas \
-             (mount option prjquota)",
-            mount.display()
-        ));
+        // The mount point goes to the log only: statuses carry no host paths.
+        tracing::debug!(mount = %mount.display(), options, "no enforced project quotas");
+        return Err(
+            "the data directory's filesystem is mounted without enforced project \
+                    quotas (mount option prjquota)"
+                .to_owned(),
+        );
     }
     Ok((fs, mount))
 }
