@@ -99,6 +99,13 @@ pub fn not_enforced(reason: impl Into<String>) -> WorkspaceLimit {
 }
 
 async fn try_apply(project: u32, workspace: &Path, quota: WorkspaceQuota) -> Result<(), String> {
+    // A tool's message may name the workspace; the status must not.
+    set_quota(project, workspace, quota)
+        .await
+        .map_err(|reason| reason.replace(&*workspace.to_string_lossy(), "the workspace"))
+}
+
+async fn set_quota(project: u32, workspace: &Path, quota: WorkspaceQuota) -> Result<(), String> {
     let path = workspace.to_owned();
     let (fs, mount) = tokio::task::spawn_blocking(move || inspect(&path))
         .await
@@ -118,24 +125,30 @@ async fn try_apply(project: u32, workspace: &Path, quota: WorkspaceQuota) -> Res
         ],
     )
     .await?;
+    let redact = |reason: String| {
+        if mount.as_os_str().len() > 1 {
+            reason.replace(&*mount.to_string_lossy(), "the data filesystem")
+        } else {
+            reason
+        }
+    };
     let kib = quota.bytes.div_ceil(1024).to_string();
     let inodes = quota.inodes.to_string();
     match fs {
-        QuotaFs::Ext4 => {
-            run(
-                "setquota",
-                &[
-                    "-P".as_ref(),
-                    project.as_ref(),
-                    kib.as_ref(),
-                    kib.as_ref(),
-                    inodes.as_ref(),
-                    inodes.as_ref(),
-                    mount.as_os_str(),
-                ],
-            )
-            .await
-        }
+        QuotaFs::Ext4 => run(
+            "setquota",
+            &[
+                "-P".as_ref(),
+                project.as_ref(),
+                kib.as_ref(),
+                kib.as_ref(),
+                inodes.as_ref(),
+                inodes.as_ref(),
+                mount.as_os_str(),
+            ],
+        )
+        .await
+        .map_err(redact),
         QuotaFs::Xfs => {
             let command = format!(
                 "limit -p bsoft={kib}k bhard={kib}k isoft={inodes} ihard={inodes} {project}"
@@ -150,6 +163,7 @@ async fn try_apply(project: u32, workspace: &Path, quota: WorkspaceQuota) -> Res
                 ],
             )
             .await
+            .map_err(redact)
         }
     }
 }
