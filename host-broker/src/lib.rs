@@ -17,6 +17,7 @@ pub mod idle;
 pub mod lifecycle;
 pub mod metrics;
 pub mod owner;
+pub mod quota;
 pub mod reconcile;
 pub mod store;
 

@@ -8,6 +8,8 @@
 //! broker must start and serve without an engine, answering 503 where one
 //! is needed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -303,7 +305,18 @@ fn unix_socket_listener() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("api.sock");
     let listen = format!("unix:{}", socket.display());
-    let mut d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    let mut d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--header-timeout",
+            "1s",
+        ],
+        false,
+        &[],
+    );
     d.wait_for("READY=1", || {
         d.notified().iter().any(|m| m.contains("READY=1"))
     });
@@ -313,6 +326,17 @@ fn unix_socket_listener() {
     let mut stream = UnixStream::connect(&socket).expect("connect");
     let (status, body) = http(&mut stream, "GET", "/v1/computers", Some(&token));
     assert_eq!((status, body.trim()), (200, "[]"));
+    // The head deadline holds on a unix socket too.
+    let mut silent = UnixStream::connect(&socket).expect("connect");
+    silent.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut silent, &mut rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a silent unix connection stayed open {:?}",
+        started.elapsed()
+    );
     d.signal("TERM");
     assert_eq!(d.wait_exit().code(), Some(0));
     assert!(
@@ -336,7 +360,14 @@ fn socket_activation() {
     let activated = format!("127.0.0.1:{port}");
     let ignored = format!("127.0.0.1:{}", free_port());
     let mut d = spawn(
-        &["--listen", &ignored, "--image", "none"],
+        &[
+            "--listen",
+            &ignored,
+            "--image",
+            "none",
+            "--header-timeout",
+            "1s",
+        ],
         false,
         &[activate, "-l", &activated],
     );
@@ -347,6 +378,17 @@ fn socket_activation() {
         answer.is_some()
     });
     assert_eq!(answer.map(|a| a.0), Some(200));
+    // The activated socket is served under the same limits.
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    silent.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut silent, &mut rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a silent connection stayed open {:?}",
+        started.elapsed()
+    );
     d.wait_for("READY=1", || {
         d.notified().iter().any(|m| m.contains("READY=1"))
     });
@@ -392,10 +434,425 @@ fn refusals_exit_with_an_error() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("readable by its owner only"));
 
+    // A token file reached through a symbolic link.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&elsewhere, "a".repeat(64)).expect("write");
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::os::unix::fs::symlink(&elsewhere, data.join("token")).expect("symlink");
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+
     // Usage errors exit 2.
     let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
         .args(["--idle-timeout", "10ms"])
         .output()
         .expect("run");
     assert_eq!(output.status.code(), Some(2));
+}
+
+/// How a slow client behaves after connecting.
+#[derive(Debug, Clone, Copy)]
+enum Slow {
+    /// Sends the start of a request line, then nothing.
+    PartialLine,
+    /// Sends a request line, then its headers one byte every few seconds.
+    TrickledHeaders,
+    /// Connects and sends nothing.
+    Silent,
+    /// One complete request on a kept-alive connection, then nothing.
+    IdleKeepAlive,
+}
+
+/// Runs `slow` against `addr` and returns how long after connecting the
+/// broker closed the connection (`None`: still open after `bound`), and
+/// what it sent.
+fn time_to_close(port: u16, slow: Slow, bound: Duration) -> (Option<Duration>, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let started = Instant::now();
+    let trickle = b"Host: dormouse\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut sent = 0;
+    let mut last_byte = started;
+    match slow {
+        Slow::PartialLine => stream.write_all(b"GET /v1/comp").expect("send"),
+        Slow::TrickledHeaders => stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .expect("send"),
+        Slow::Silent => {}
+        Slow::IdleKeepAlive => stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: dormouse\r\n\r\n")
+            .expect("send"),
+    }
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < bound {
+        match stream.read(&mut buf) {
+            Ok(0) => return (Some(started.elapsed()), lossy(&received)),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (Some(started.elapsed()), lossy(&received)),
+        }
+        if matches!(slow, Slow::TrickledHeaders)
+            && sent < trickle.len() - 4
+            && last_byte.elapsed() >= Duration::from_secs(3)
+        {
+            last_byte = Instant::now();
+            if stream.write_all(&trickle[sent..=sent]).is_err() {
+                return (Some(started.elapsed()), lossy(&received));
+            }
+            sent += 1;
+        }
+    }
+    (None, lossy(&received))
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Token-less slow clients (the slowloris family) are closed by the header
+/// deadline (10 s by default), whatever they send and however slowly.
+#[test]
+fn slow_clients_are_closed_within_the_header_timeout() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let header_timeout = Duration::from_secs(10);
+    let bound = header_timeout + Duration::from_secs(10);
+    let clients = [
+        Slow::PartialLine,
+        Slow::TrickledHeaders,
+        Slow::Silent,
+        Slow::IdleKeepAlive,
+    ];
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|slow| std::thread::spawn(move || (slow, time_to_close(port, slow, bound))))
+        .collect();
+    for handle in handles {
+        let (slow, (closed, received)) = handle.join().expect("client thread");
+        let closed = closed.unwrap_or_else(|| {
+            panic!("{slow:?}: still open after {bound:?}; received {received:?}")
+        });
+        eprintln!(
+            "{slow:?}: closed by the broker after {:.2} s",
+            closed.as_secs_f64()
+        );
+        assert!(
+            closed <= header_timeout + Duration::from_secs(2),
+            "{slow:?}: closed only after {closed:?}"
+        );
+        if matches!(slow, Slow::IdleKeepAlive) {
+            assert!(received.starts_with("HTTP/1.1 200"), "{received:?}");
+        }
+    }
+}
+
+/// A request whose body trickles in is answered 408 at the body deadline
+/// and its connection closed.
+#[test]
+fn a_trickled_body_is_refused_at_the_body_timeout() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--body-timeout",
+            "4s",
+        ],
+        false,
+        &[],
+    );
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let token = read_token(&d).expect("token");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/computers HTTP/1.1\r\nHost: dormouse\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    )
+    .expect("send head");
+    let started = Instant::now();
+    let mut last = started;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still open; received {:?}",
+            lossy(&received)
+        );
+        match stream.read(&mut buf) {
+            Ok(0) => break started.elapsed(),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break started.elapsed(),
+        }
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            let _ = stream.write_all(b" ");
+        }
+    };
+    let received = lossy(&received);
+    eprintln!(
+        "trickled body: answered and closed after {:.2} s",
+        closed.as_secs_f64()
+    );
+    assert!(received.starts_with("HTTP/1.1 408"), "{received}");
+    assert!(received.contains("request_timeout"), "{received}");
+    assert!(closed <= Duration::from_secs(6), "closed after {closed:?}");
+}
+
+/// Beyond `--max-connections`, new connections wait (in the listen backlog)
+/// until one closes: with 4 silent connections holding the cap, 2 complete
+/// requests are not served until the header deadline frees the slots, and
+/// the broker says once that the cap was reached.
+#[test]
+fn the_connection_cap_holds() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(
+        &[
+            "--listen",
+            &listen,
+            "--image",
+            "none",
+            "--max-connections",
+            "4",
+            "--header-timeout",
+            "4s",
+        ],
+        false,
+        &[],
+    );
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let started = Instant::now();
+    let holders: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    // Let the broker accept all four before the others arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+                s.write_all(
+                    b"GET /healthz HTTP/1.1\r\nHost: dormouse\r\nConnection: close\r\n\r\n",
+                )
+                .expect("send");
+                let mut reply = String::new();
+                let _ = s.read_to_string(&mut reply);
+                (started.elapsed(), reply)
+            })
+        })
+        .collect();
+    for handle in waiting {
+        let (served, reply) = handle.join().expect("client");
+        eprintln!(
+            "request beyond the cap served after {:.2} s",
+            served.as_secs_f64()
+        );
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        assert!(
+            served >= Duration::from_millis(3500),
+            "served after {served:?}, while the cap was held"
+        );
+        assert!(served <= Duration::from_secs(8), "served after {served:?}");
+    }
+    drop(holders);
+    assert_eq!(
+        d.log().matches("connection cap reached").count(),
+        1,
+        "{}",
+        d.log()
+    );
+}
+
+/// An empty token file (an interrupted first start of an older broker) does
+/// not block the start: it is replaced by a whole new token.
+#[test]
+fn an_empty_token_file_is_replaced_at_start() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    d.signal("TERM");
+    assert_eq!(d.wait_exit().code(), Some(0));
+    let path = d.data_dir().join("token");
+    let engine_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(&path, "").expect("truncate the token");
+    let output = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(d.data_dir())
+        .args(["--listen", &listen, "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(engine_dir.path()))
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut second = DropKill(output);
+    let mut token = None;
+    d.wait_for("a new token and an answer", || {
+        token = read_token(&d);
+        token
+            .as_ref()
+            .is_some_and(|t| tcp(port, "GET", "/v1/computers", Some(t)).map(|r| r.0) == Some(200))
+    });
+    assert_eq!(token.map(|t| t.len()), Some(64));
+    assert_eq!(
+        std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    let _ = second.0.kill();
+    let _ = second.0.wait();
+}
+
+struct DropKill(Child);
+
+impl Drop for DropKill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A client that pipelines requests and never reads the answers cannot hold
+/// its connection: once the socket buffers are full, the broker's write
+/// stalls, and after 30 s it gives up and closes, so fewer answers than
+/// requests ever arrive.
+#[test]
+fn a_client_that_never_reads_is_dropped_after_a_stalled_write() {
+    use std::io::{Read as _, Write as _};
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = spawn(&["--listen", &listen, "--image", "none"], false, &[]);
+    d.wait_for("READY=1", || {
+        d.notified().iter().any(|m| m.contains("READY=1"))
+    });
+    let token = read_token(&d).expect("token");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let request = format!(
+        "GET /v1/openapi.json HTTP/1.1\r\nHost: dormouse\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    // About 40 MB of answers, far more than loopback socket buffers hold.
+    let requests = 1000;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut sent = 0;
+    for _ in 0..requests {
+        if stream.write_all(request.as_bytes()).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_secs(36));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut received = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    let answers = lossy(&received).matches("HTTP/1.1 200").count();
+    eprintln!(
+        "sent {sent} requests, never read for 36 s: {answers} answers arrived, then the \
+         connection {}",
+        if ended { "was closed" } else { "stayed open" }
+    );
+    assert!(ended, "the broker closed the connection");
+    assert!(
+        answers < sent,
+        "{answers} of {sent}: the broker kept writing"
+    );
+}
+
+/// Text with a line break in it (here a data directory's name, in the
+/// starting line) is logged escaped: it cannot forge a second log line.
+#[test]
+fn logged_text_cannot_forge_a_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let forged = "INFO dormouse::access: request method=DELETE status=204 FORGED";
+    let data = dir.path().join(format!("data\n{forged}\u{202e}"));
+    let log_path = dir.path().join("log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_dormoused"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--image", "none"])
+        .env("DOCKER_HOST", dead_engine(dir.path()))
+        .env_remove("RUST_LOG")
+        .env_remove("DORMOUSE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn");
+    let mut child = DropKill(child);
+    let deadline = Instant::now() + PATIENCE;
+    let text = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.contains("dormoused ready") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "not ready:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.0.kill();
+    for line in text.lines() {
+        assert!(!line.starts_with(forged), "a forged line:\n{text}");
+        assert!(!line.contains('\u{202e}'), "a raw bidi override:\n{text}");
+    }
+    assert!(
+        text.contains(&format!("data\\n{forged}\\u{{202e}}")),
+        "{text}"
+    );
 }

@@ -2,11 +2,14 @@
 //! connect, then every event; a lagging client gets a fresh snapshot; the
 //! token is accepted in the header, the subprotocol or the query.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api_support;
 
 use std::time::Duration;
 
 use api_support::{sample, Harness, TOKEN};
+use dormouse_broker::daemon::{serve, ApiListener, ServeLimits};
 use dormouse_protocol::api::BrokerEvent;
 use futures_util::StreamExt;
 use tokio::net::TcpStream;
@@ -14,6 +17,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -24,9 +28,14 @@ async fn serve(h: &Harness) -> std::net::SocketAddr {
         .expect("bind loopback");
     let addr = listener.local_addr().expect("address");
     let router = h.router();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
+    // Through the daemon's own serving layer, so WebSocket upgrades are
+    // proven to survive its connection guard.
+    tokio::spawn(serve::serve(
+        ApiListener::Tcp(listener),
+        router,
+        ServeLimits::default(),
+        CancellationToken::new(),
+    ));
     addr
 }
 

@@ -88,6 +88,27 @@ pub struct ComputerStatus {
     pub image_id: String,
     /// The idle timer.
     pub idle: Option<IdleStatus>,
+    /// Whether the host limits what the guest may write to its workspace;
+    /// `null` when the broker has not determined it (and from older brokers).
+    #[serde(default)]
+    pub workspace_limit: Option<WorkspaceLimit>,
+}
+
+/// The host-side limit on one computer's workspace (a project quota on the
+/// data directory's filesystem), or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceLimit {
+    /// `true` when the filesystem enforces the limits below.
+    pub enforced: bool,
+    /// Most bytes the workspace may hold, when enforced.
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    /// Most files and directories the workspace may hold, when enforced.
+    #[serde(default)]
+    pub inodes: Option<u64>,
+    /// Why no limit is enforced, for people.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// An item of the `/v1/events` WebSocket stream.

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::BODY_LIMIT;
 use crate::command::Fence;
+use crate::daemon::serve::BodyTimedOut;
 
 /// The `{id}` of a computer route, parsed as a UUID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +90,15 @@ where
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::payload_too_large(BODY_LIMIT)
+            } else if let Some(late) = body_timed_out(&rejection) {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "the request body did not arrive within {}",
+                        humantime::format_duration(late.0)
+                    ),
+                )
             } else {
                 ApiError::bad_request("the request body could not be read")
             }
@@ -102,6 +112,20 @@ where
             .map(JsonBody)
             .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
     }
+}
+
+/// The body deadline of the server, if that is why the body could not be read.
+fn body_timed_out<'a>(
+    rejection: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a BodyTimedOut> {
+    let mut cause = Some(rejection);
+    while let Some(error) = cause {
+        if let Some(late) = error.downcast_ref::<BodyTimedOut>() {
+            return Some(late);
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// The query of `DELETE /v1/computers/{id}`.

@@ -9,6 +9,7 @@
 
 pub mod listen;
 pub mod logging;
+pub mod serve;
 pub mod systemd;
 pub mod token;
 
@@ -29,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::owner;
 pub use listen::{Activation, ApiListener, ListenAddr};
 pub use logging::LogFormat;
+pub use serve::ServeLimits;
 
 /// How long in-flight requests may take to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -90,6 +92,18 @@ pub struct DaemonArgs {
     /// then also watches and reports only containers that carry it.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Deadline for a request's head (request line and headers), and for an
+    /// idle kept-alive connection between two requests.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_serve_timeout)]
+    pub header_timeout: Duration,
+    /// Deadline for a request's body, counted from its head.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_serve_timeout)]
+    pub body_timeout: Duration,
+    /// Most API connections open at once (WebSockets included); beyond it new
+    /// connections wait in the listen backlog.
+    #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections: u32,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -104,6 +118,16 @@ impl DaemonArgs {
         match &self.data_dir {
             Some(dir) => Ok(dir.clone()),
             None => default_data_dir().ok_or(DaemonError::NoDataDir),
+        }
+    }
+
+    /// The limits API connections are served under.
+    pub fn serve_limits(&self) -> ServeLimits {
+        ServeLimits {
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            max_connections: self.max_connections,
+            ..ServeLimits::default()
         }
     }
 
@@ -210,6 +234,9 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
         image = %args.image,
         idle_timeout = %humantime::format_duration(args.idle_timeout),
         max_instances = args.max_instances,
+        header_timeout = %humantime::format_duration(args.header_timeout),
+        body_timeout = %humantime::format_duration(args.body_timeout),
+        max_connections = args.max_connections,
         "dormoused starting; reconciling with the engine"
     );
 
@@ -224,7 +251,12 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,
     };
-    let mut server = tokio::spawn(serve(listener, api::router(state), shutdown.clone()));
+    let mut server = tokio::spawn(serve::serve(
+        listener,
+        api::router(state),
+        args.serve_limits(),
+        shutdown.clone(),
+    ));
 
     systemd::ready(&format!("serving on {endpoint}"));
     tracing::info!(listen = %endpoint, "dormoused ready");
@@ -309,18 +341,6 @@ async fn spawn_core(
         .map_err(|e| DaemonError::Core(e.to_string()))
 }
 
-async fn serve(
-    listener: ApiListener,
-    router: axum::Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let stop = shutdown.cancelled_owned();
-    match listener {
-        ApiListener::Tcp(l) => axum::serve(l, router).with_graceful_shutdown(stop).await,
-        ApiListener::Unix(l, _) => axum::serve(l, router).with_graceful_shutdown(stop).await,
-    }
-}
-
 /// SIGHUP: re-read the token file, so a token can be rotated without a
 /// restart. Every other setting is a flag and needs a restart (which never
 /// stops a desktop).
@@ -347,6 +367,14 @@ fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     }
     if d > Duration::from_secs(366 * 24 * 3600) {
         return Err(format!("{s:?} is longer than 366 days"));
+    }
+    Ok(d)
+}
+
+fn parse_serve_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("{s:?} is not between 100ms and 1h"));
     }
     Ok(d)
 }

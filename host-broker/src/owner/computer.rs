@@ -309,6 +309,7 @@ impl Computer {
             },
             image_id: self.record.image_id.clone(),
             idle: Some(idle_status),
+            workspace_limit: None,
         }
     }
 }

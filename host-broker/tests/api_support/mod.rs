@@ -134,6 +134,7 @@ pub fn sample(id: Uuid, name: &str, running: bool) -> ComputerStatus {
             idle_for_ms: 0,
             stops_at: running.then(|| Utc::now() + chrono::Duration::hours(8)),
         }),
+        workspace_limit: None,
     }
 }
 
