@@ -56,7 +56,8 @@ pub enum KillError {
 /// What a kill came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KillReport {
-    /// Processes that were sent `SIGKILL`.
+    /// Live processes of the exec that were killed (by the group kill or
+    /// one by one): 0 for a command that left nothing behind.
     pub killed: usize,
     /// Scans of `/proc` it took.
     pub scans: usize,
@@ -192,21 +193,38 @@ fn kill_verified(proc_root: &Path, seen: Seen, tag_gid: u32, members: &HashSet<u
     }
 }
 
-/// One round: scan, kill every live member. Returns the members seen and
-/// how many were signalled.
-fn round(proc_root: &Path, tag_gid: u32) -> Result<(Vec<Seen>, usize), KillError> {
-    let found = members(proc_root, tag_gid)?;
+/// Sends `SIGKILL` to every live member of `found`; returns the pids of
+/// those it reached.
+fn kill_members(proc_root: &Path, tag_gid: u32, found: &[Seen]) -> Vec<u32> {
     let pids: HashSet<u32> = found.iter().map(|s| s.pid).collect();
-    let killed = found
+    found
         .iter()
         .filter(|s| !s.zombie)
         .filter(|s| kill_verified(proc_root, **s, tag_gid, &pids))
-        .count();
-    Ok((found, killed))
+        .map(|s| s.pid)
+        .collect()
+}
+
+async fn blocking<T: Send + 'static>(
+    proc_root: &Path,
+    f: impl FnOnce(PathBuf) -> Result<T, KillError> + Send + 'static,
+) -> Result<T, KillError> {
+    let root = proc_root.to_owned();
+    tokio::task::spawn_blocking(move || f(root))
+        .await
+        .map_err(|e| KillError::Proc {
+            root: proc_root.to_owned(),
+            source: std::io::Error::other(e),
+        })?
 }
 
 /// Kills every process of the exec of `tag_gid` and returns once a scan
 /// finds none of them, twice in a row, at most `bound` after it started.
+///
+/// `group_kill` runs once, after the first scan and before the first
+/// individual kill: the caller's chance to kill the exec's process group
+/// at once (atomic against forks inside the group) while its leader is
+/// surely its own. The first scan's members count as killed either way.
 ///
 /// Twice, because one scan of `/proc` is not atomic: a member that forks
 /// while the scan passes may have its child at a lower pid (after the pid
@@ -215,41 +233,54 @@ pub async fn kill_all(
     proc_root: &Path,
     tag_gid: u32,
     bound: Duration,
+    group_kill: impl FnOnce(),
 ) -> Result<KillReport, KillError> {
     let started = Instant::now();
     let deadline = started + bound;
-    let mut report = KillReport::default();
+    let mut killed: HashSet<u32> = HashSet::new();
+    let mut scans = 1;
+    let first = blocking(proc_root, move |root| members(&root, tag_gid)).await?;
+    group_kill();
+    let mut found = first.clone();
+    killed.extend(first.iter().filter(|s| !s.zombie).map(|s| s.pid));
+    killed.extend(
+        blocking(proc_root, move |root| {
+            Ok(kill_members(&root, tag_gid, &first))
+        })
+        .await?,
+    );
     let mut empty_scans = 0;
     let mut pause = Duration::from_millis(1);
     loop {
-        let (found, killed) = tokio::task::spawn_blocking({
-            let proc_root = proc_root.to_owned();
-            move || round(&proc_root, tag_gid)
-        })
-        .await
-        .map_err(|e| KillError::Proc {
-            root: proc_root.to_owned(),
-            source: std::io::Error::other(e),
-        })??;
-        report.scans += 1;
-        report.killed += killed;
         if found.is_empty() {
             empty_scans += 1;
             if empty_scans == 2 {
-                return Ok(report);
+                return Ok(KillReport {
+                    killed: killed.len(),
+                    scans,
+                });
             }
-            continue;
+        } else {
+            empty_scans = 0;
+            if Instant::now() >= deadline {
+                return Err(KillError::Unkillable {
+                    pids: found.iter().map(|s| s.pid).take(MAX_NAMED).collect(),
+                    waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            // Killed processes need a moment to exit and be reaped.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
         }
-        empty_scans = 0;
-        if Instant::now() >= deadline {
-            return Err(KillError::Unkillable {
-                pids: found.iter().map(|s| s.pid).take(MAX_NAMED).collect(),
-                waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            });
-        }
-        // Killed processes need a moment to exit and be reaped.
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
+        let (seen, reached) = blocking(proc_root, move |root| {
+            let seen = members(&root, tag_gid)?;
+            let reached = kill_members(&root, tag_gid, &seen);
+            Ok((seen, reached))
+        })
+        .await?;
+        scans += 1;
+        killed.extend(reached);
+        found = seen;
     }
 }
 

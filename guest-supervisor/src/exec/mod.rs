@@ -481,11 +481,17 @@ impl Keeper {
             _running,
         } = self;
         // The whole group at once while its leader (so the group id) is
-        // surely ours; the scan below catches what left the group.
-        child.signal_group(Signal::SIGKILL);
-        let report = match kill::kill_all(&settings.proc_root, hold.tag.gid(), settings.kill_bound)
-            .await
-        {
+        // surely ours (`signal_group` does nothing once it is reaped); the
+        // scans catch what left the group.
+        let group_kill = || child.signal_group(Signal::SIGKILL);
+        let killed = kill::kill_all(
+            &settings.proc_root,
+            hold.tag.gid(),
+            settings.kill_bound,
+            group_kill,
+        )
+        .await;
+        let report = match killed {
             Ok(report) => report,
             Err(e) => {
                 tracing::error!(exec = hold.id, tag = hold.tag.gid(), error = %e, "exec processes not confirmed gone; tag retired");

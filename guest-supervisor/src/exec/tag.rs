@@ -1,8 +1,10 @@
 //! The tags of running execs: one supplementary group id per exec, held
 //! from its spawn until every process of it is confirmed gone.
 //!
-//! Owns the pool of tag gids and nothing else. It never looks at processes;
-//! [`super::kill`] reads the tags back from `/proc/<pid>/status`.
+//! Owns the pool of tag gids and nothing else. The set of taken gids is one
+//! per process, so runners that share a range (clones, or separate runners
+//! of one supervisor) never hand out the same gid twice. It never looks at
+//! processes; [`super::kill`] reads the tags back from `/proc/<pid>/status`.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -14,11 +16,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// maps it too.
 pub const DEFAULT_TAG_GIDS: Range<u32> = 65000..65512;
 
-/// The free and the taken tag gids.
+/// Tag gids taken in this process, by any pool.
+static TAKEN: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// The tag gids of one runner.
 #[derive(Debug)]
 pub(crate) struct TagPool {
     range: Range<u32>,
-    taken: Mutex<BTreeSet<u32>>,
+    /// The gids this pool holds (held or retired), a subset of `TAKEN`.
+    mine: Mutex<BTreeSet<u32>>,
 }
 
 /// One exec's tag: released back to the pool on drop, unless
@@ -35,20 +41,21 @@ impl TagPool {
     pub(crate) fn new(range: Range<u32>) -> Arc<Self> {
         Arc::new(Self {
             range,
-            taken: Mutex::new(BTreeSet::new()),
+            mine: Mutex::new(BTreeSet::new()),
         })
     }
 
-    fn taken(&self) -> MutexGuard<'_, BTreeSet<u32>> {
-        // A poisoned set is still a valid set.
-        self.taken.lock().unwrap_or_else(|e| e.into_inner())
+    fn mine(&self) -> MutexGuard<'_, BTreeSet<u32>> {
+        lock(&self.mine)
     }
 
     /// The lowest free gid, or `None` when all are taken.
     pub(crate) fn take(self: &Arc<Self>) -> Option<Tag> {
-        let mut taken = self.taken();
+        let mut mine = self.mine();
+        let mut taken = lock(&TAKEN);
         let gid = self.range.clone().find(|g| !taken.contains(g))?;
         taken.insert(gid);
+        mine.insert(gid);
         Some(Tag {
             gid,
             pool: self.clone(),
@@ -56,10 +63,15 @@ impl TagPool {
         })
     }
 
-    /// How many tags are out (held or retired).
+    /// How many of this pool's tags are out (held or retired).
     pub(crate) fn in_use(&self) -> usize {
-        self.taken().len()
+        self.mine().len()
     }
+}
+
+fn lock(set: &Mutex<BTreeSet<u32>>) -> MutexGuard<'_, BTreeSet<u32>> {
+    // A poisoned set is still a valid set.
+    set.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Tag {
@@ -77,7 +89,10 @@ impl Tag {
 impl Drop for Tag {
     fn drop(&mut self) {
         if !self.retired {
-            self.pool.taken().remove(&self.gid);
+            // The pool's lock first, as in `take`.
+            let mut mine = self.pool.mine();
+            lock(&TAKEN).remove(&self.gid);
+            mine.remove(&self.gid);
         }
     }
 }
@@ -100,5 +115,12 @@ mod tests {
         assert_eq!(d.gid(), 12);
         assert!(pool.take().is_none(), "10 retired, 11 and 12 held");
         assert_eq!(pool.in_use(), 3);
+        // Another pool on an overlapping range never gets a gid in use.
+        let other = TagPool::new(11..14);
+        let e = other.take().expect("free");
+        assert_eq!(e.gid(), 13);
+        assert!(other.take().is_none());
+        drop(b);
+        assert_eq!(other.take().expect("free").gid(), 11);
     }
 }
