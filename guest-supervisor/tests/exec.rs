@@ -379,6 +379,13 @@ async fn a_running_exec_counts_as_busy() {
     assert_eq!(done.ended, Ended::Cancelled);
 }
 
+#[test]
+fn kills_go_through_pidfds() {
+    // Kernel 5.3 and later, and a seccomp profile that allows them (Docker's
+    // default does): no kill can hit a reused pid.
+    assert!(exec::kill::pidfds_available());
+}
+
 #[tokio::test]
 async fn round_trip_of_true() {
     if !init() {

@@ -142,6 +142,13 @@ fn pidfd_open(pid: u32) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether this kernel (and seccomp profile) gives pidfds, so kills cannot
+/// hit a reused pid. Without them the kill falls back to check-then-kill by
+/// pid (see `kill_verified`); worth a line in the start log.
+pub fn pidfds_available() -> bool {
+    pidfd_open(std::process::id()).is_ok()
+}
+
 /// `SIGKILL` through a pidfd: reaches exactly the process the pidfd was
 /// opened for, or nothing when it has gone.
 fn pidfd_kill(fd: &OwnedFd) -> Result<(), Errno> {

@@ -319,6 +319,18 @@ pub struct ExecRunner {
 struct Hold {
     id: u64,
     tag: Tag,
+    /// Set once processes exist; cleared once they are confirmed gone. A
+    /// hold dropped while armed (its keeper panicked, or the runtime went
+    /// away) retires its tag: processes of it may still run.
+    armed: bool,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.armed {
+            self.tag.retire();
+        }
+    }
 }
 
 impl ExecRunner {
@@ -365,7 +377,14 @@ impl ExecRunner {
             tag_gid: tag.gid(),
             controlling_tty: terminal,
         };
-        Ok((launch, Hold { id, tag }))
+        Ok((
+            launch,
+            Hold {
+                id,
+                tag,
+                armed: false,
+            },
+        ))
     }
 
     /// Spawns a prepared launch whose stdio is set.
@@ -396,7 +415,7 @@ impl ExecRunner {
         C: Future<Output = ()>,
     {
         let argv = request.validate()?;
-        let (launch, hold) = self.prepare(argv, request.cwd.as_deref(), &request.env, false)?;
+        let (launch, mut hold) = self.prepare(argv, request.cwd.as_deref(), &request.env, false)?;
         let running = Running::new(&RUNNING_EXECS);
         let mut cmd = spawn::command(&launch).map_err(|source| ExecError::Setup {
             stage: Stage::Exec,
@@ -411,6 +430,7 @@ impl ExecRunner {
         .stderr(Stdio::piped());
         let started = Instant::now();
         let (child, mut io) = Self::spawn(&launch, &mut cmd)?;
+        hold.armed = true;
         drop(cmd);
         tracing::debug!(exec = hold.id, pid = child.pid(), program = %launch.argv.first().map_or("", String::as_str), "exec started");
 
@@ -476,7 +496,7 @@ impl Keeper {
         let Keeper {
             settings,
             mut child,
-            hold,
+            mut hold,
             started,
             _running,
         } = self;
@@ -495,7 +515,7 @@ impl Keeper {
             Ok(report) => report,
             Err(e) => {
                 tracing::error!(exec = hold.id, tag = hold.tag.gid(), error = %e, "exec processes not confirmed gone; tag retired");
-                hold.tag.retire();
+                // Still armed: dropping the hold retires the tag.
                 return Err(e.into());
             }
         };
@@ -504,6 +524,7 @@ impl Keeper {
         let exit = tokio::time::timeout(settings.kill_bound, child.wait())
             .await
             .unwrap_or(ChildExit::Signal(Signal::SIGKILL as i32));
+        hold.armed = false;
         drop(hold);
         Ok((exit, report, started.elapsed()))
     }

@@ -83,7 +83,7 @@ fn set_size(fd: &impl std::os::fd::AsRawFd, rows: u16, cols: u16) -> Result<(), 
 pub(super) fn open(
     settings: Arc<ExecSettings>,
     launch: Launch,
-    hold: Hold,
+    mut hold: Hold,
     rows: u16,
     cols: u16,
 ) -> Result<PtySession, ExecError> {
@@ -130,6 +130,7 @@ pub(super) fn open(
     // the terminal open, so its end is seen as the end of the output.
     drop(cmd);
     let (child, _io) = spawned?;
+    hold.armed = true;
     let pid = child.pid();
     let id = hold.id;
     tracing::debug!(session = id, pid, "terminal session started");

@@ -80,8 +80,8 @@ impl Tag {
         self.gid
     }
 
-    /// Keeps the gid out of the pool for good.
-    pub(crate) fn retire(mut self) {
+    /// Keeps the gid out of the pool for good, once this tag is dropped.
+    pub(crate) fn retire(&mut self) {
         self.retired = true;
     }
 }
@@ -110,7 +110,9 @@ mod tests {
         drop(a);
         let c = pool.take().expect("free");
         assert_eq!(c.gid(), 10, "released gids come back");
+        let mut c = c;
         c.retire();
+        drop(c);
         let d = pool.take().expect("free");
         assert_eq!(d.gid(), 12);
         assert!(pool.take().is_none(), "10 retired, 11 and 12 held");
