@@ -8,6 +8,7 @@
 pub mod activity;
 pub mod config;
 pub mod config_file;
+pub mod exec;
 pub mod identity;
 pub mod init;
 pub mod prepare;

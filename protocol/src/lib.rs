@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod exec;
 pub mod frame;
 pub mod guest;
 pub mod health;
