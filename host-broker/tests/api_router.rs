@@ -10,6 +10,7 @@ use api_support::{Harness, PNG, TOKEN};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use dormouse_broker::api::{route_table, Access, OPENAPI_JSON};
+use dormouse_broker::engine::EngineError;
 use dormouse_broker::error::BrokerError;
 use dormouse_protocol::api::{ContainerState, GENERATION_HEADER};
 use http_body_util::BodyExt;
@@ -404,7 +405,9 @@ async fn stale_generation_is_409_and_changes_nothing() {
 #[tokio::test]
 async fn engine_unreachable_is_503() {
     let h = Harness::new();
-    h.lock().fail_with = Some(BrokerError::EngineUnavailable("connection refused".into()));
+    h.lock().fail_with = Some(BrokerError::Engine(EngineError::Unavailable(
+        "connection refused".into(),
+    )));
     let answer = call(&h, empty(Method::GET, "/v1/computers")).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.code(), "engine_unavailable");

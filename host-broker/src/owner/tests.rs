@@ -23,7 +23,8 @@ use tokio::time::advance;
 
 use super::*;
 use crate::engine::fake::{FakeEngine, Verb};
-use crate::engine::{EngineError, RunState};
+use crate::engine::{ContainerInfo, EngineError, RunState};
+use crate::lifecycle::stop_key;
 use crate::store::StopRecord;
 
 const IMAGE: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000001";

@@ -154,14 +154,14 @@ async fn owner(
 ) {
     while let Some(command) = rx.recv().await {
         let mut s = script.lock().expect("script lock");
-        let fail = s.fail_with.clone();
+        let fail = s.fail_with.as_ref().map(BrokerError::duplicate);
         let boot_time = s.boot_time;
         let fail_boot = s.fail_boot.clone();
         macro_rules! answer {
             ($reply:expr, $name:expr, $id:expr, $body:expr) => {{
                 s.calls.push(format!("{} {}", $name, $id));
                 let result = match &fail {
-                    Some(err) => Err(err.clone()),
+                    Some(err) => Err(err.duplicate()),
                     // A closure, so `?` and `return` in a body end this command only.
                     None => (|| $body)(),
                 };

@@ -6,9 +6,10 @@
 //! test inject failures, delays, an unreachable engine and foreign actions
 //! (a stop or kill the broker did not make, an OOM kill).
 //!
-//! It is compiled into the library (not only under `cfg(test)`) so the API
-//! layer's in-process tests can drive a real owner over it. Production code
-//! never constructs it.
+//! It sits under the Docker backend, so the owner's tests drive the real
+//! backend code over it. It is compiled only for the crate's own tests and
+//! with the `test-support` feature (the integration tests enable it), never
+//! into the production library.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -18,7 +19,7 @@ use chrono::Utc;
 use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
-use super::{
+use super::api::{
     normalize_cap, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
     EngineEvent, EngineFuture, ImageInfo, RunState,
 };
@@ -195,6 +196,7 @@ impl FakeEngine {
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
+                process: super::api::Process::default(),
             },
         );
         if let Some(tag) = tag {
@@ -479,6 +481,8 @@ impl Engine for FakeEngine {
                     published_ports: false,
                     hardening,
                     limits: spec.limits,
+                    process: spec.expected_process().unwrap_or_default(),
+                    apparmor_profile: String::new(),
                 };
                 s.containers.insert(spec.name.clone(), info.clone());
                 info
