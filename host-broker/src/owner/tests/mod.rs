@@ -38,6 +38,8 @@ struct Script {
     misbehave: AtomicBool,
     /// Never report ready.
     never_ready: AtomicBool,
+    /// After ready, push this many statuses back to back (each different).
+    flood: std::sync::atomic::AtomicUsize,
 }
 
 impl Script {
@@ -50,6 +52,7 @@ impl Script {
             }),
             misbehave: AtomicBool::new(false),
             never_ready: AtomicBool::new(false),
+            flood: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -110,6 +113,14 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                             frame::encode(&Response::Status(guest_status(true)), &[]).unwrap();
                         if stream.write_all(&ready).await.is_err() {
                             return;
+                        }
+                        for i in 0..script.flood.load(Ordering::SeqCst) {
+                            let mut status = guest_status(true);
+                            status.problem = Some(format!("flood {i}"));
+                            let bytes = frame::encode(&Response::Status(status), &[]).unwrap();
+                            if stream.write_all(&bytes).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     std::future::pending::<()>().await;
@@ -212,6 +223,14 @@ impl Rig {
     }
 
     async fn with_max(window: Duration, max: u32) -> Rig {
+        Self::with_config(window, max, |_| {}).await
+    }
+
+    async fn with_config(
+        window: Duration,
+        max: u32,
+        change: impl FnOnce(&mut BrokerConfig),
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let fake = Arc::new(FakeEngine::new());
         fake.add_image(
@@ -222,13 +241,9 @@ impl Rig {
         let script = Script::new();
         install_guests(&fake, script.clone());
         let metrics = Arc::new(Metrics::default());
-        let (handle, task) = spawn(
-            config(dir.path(), window, max),
-            fake.clone(),
-            metrics.clone(),
-        )
-        .await
-        .unwrap();
+        let mut config = config(dir.path(), window, max);
+        change(&mut config);
+        let (handle, task) = spawn(config, fake.clone(), metrics.clone()).await.unwrap();
         Rig {
             dir,
             fake,
@@ -1285,3 +1300,5 @@ async fn bad_configuration_is_refused() {
     c.idle_timeout = Duration::from_millis(999);
     assert!(spawn(c, fake, metrics).await.is_err());
 }
+
+mod hostile;
