@@ -8,7 +8,7 @@
 //!
 //! It sits under the Docker backend, so the owner's tests drive the real
 //! backend code over it. It is compiled only for the crate's own tests and
-//! with the `test-support` feature (the integration tests enable it), never
+//! with the `test-support` feature (for tests of other crates), never
 //! into the production library.
 
 use std::collections::{BTreeMap, HashMap};
@@ -234,12 +234,6 @@ impl FakeEngine {
         self.lock().next_delays.entry(verb).or_default().push(by);
     }
 
-    /// Exit code a container gets from `stop` (0 by default; 137 mimics a
-    /// guest that ignored SIGTERM and was killed after the timeout).
-    pub fn set_stop_exit_code(&self, code: i64) {
-        self.lock().stop_exit_code = code;
-    }
-
     /// Every call so far.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.clone()
@@ -255,19 +249,9 @@ impl FakeEngine {
             .collect()
     }
 
-    /// Forgets the recorded calls.
-    pub fn clear_calls(&self) {
-        self.lock().calls.clear();
-    }
-
     /// A container's current state.
     pub fn container(&self, name: &str) -> Option<ContainerInfo> {
         self.lock().containers.get(name).cloned()
-    }
-
-    /// Every container's name.
-    pub fn container_names(&self) -> Vec<String> {
-        self.lock().containers.keys().cloned().collect()
     }
 
     /// Changes a container behind the broker's back (no event is sent;
