@@ -2,6 +2,8 @@
 //! connect, then every event; a lagging client gets a fresh snapshot; the
 //! token is accepted in the header, the subprotocol or the query.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api_support;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! (`tower::ServiceExt::oneshot`): authentication, every class of bad input
 //! (and that it reaches no command), error codes, and the OpenAPI document.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api_support;
 
 use std::collections::BTreeSet;

@@ -406,7 +406,7 @@ async fn create_ready_stop_start_ready_with_the_real_image() {
     assert_eq!(inspect(&name, "{{.HostConfig.PublishAllPorts}}"), "false");
     assert_eq!(
         inspect(&name, "{{.HostConfig.NanoCpus}}"),
-        ((limits.cpus * 1e9) as i64).to_string()
+        format!("{:.0}", (limits.cpus * 1e9).round())
     );
     assert_eq!(
         inspect(&name, "{{.HostConfig.Memory}}"),

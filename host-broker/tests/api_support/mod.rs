@@ -2,7 +2,7 @@
 //! in-memory table, broadcasts events like the real owner, and records every
 //! command it receives so a test can assert that a bad request made none.
 
-#![allow(dead_code, clippy::redundant_closure_call)]
+#![allow(dead_code, clippy::redundant_closure_call, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -293,7 +293,10 @@ async fn owner(
                 Ok(LeaseGrant {
                     generation: c.generation,
                     holder: req.holder.clone(),
-                    expires_at: Utc::now() + chrono::Duration::milliseconds(req.ttl_ms as i64),
+                    expires_at: Utc::now()
+                        + chrono::Duration::milliseconds(
+                            i64::try_from(req.ttl_ms).unwrap_or(i64::MAX),
+                        ),
                 })
             }),
             Command::Screenshot(id, reply) => answer!(reply, "screenshot", id, {
