@@ -17,6 +17,7 @@ use super::computer::Follower;
 use super::{stop_follower, Internal, Owner};
 use crate::guest::{self, GuestUpdate};
 use crate::idle::Verdict;
+use crate::store::Paths;
 
 /// Statuses a guest may push back to back before the throttle holds them.
 const GUEST_BURST: u32 = 4;
@@ -84,6 +85,19 @@ impl GuestThrottle {
     }
 }
 
+/// A guest-channel problem as a status may show it: the host paths (which
+/// the log keeps) become the names a client knows.
+fn without_paths(text: &str, paths: &Paths, id: Uuid) -> String {
+    let socket = paths.socket(id).display().to_string();
+    let data = paths.data().display().to_string();
+    let text = text.replace(&socket, "the supervisor socket");
+    if data.is_empty() {
+        text
+    } else {
+        text.replace(&data, "<data dir>")
+    }
+}
+
 impl Owner {
     pub(super) fn start_follower(&mut self, id: Uuid) {
         let epoch = self.next();
@@ -135,7 +149,7 @@ impl Owner {
                 self.dirty.insert(id);
                 let why = guest::sanitize(&why);
                 tracing::warn!(computer = %id, problem = %why, "guest supervisor connection lost");
-                c.guest.problem = Some(why);
+                c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
                 c.guest.status = None;
             }
             GuestUpdate::GaveUp(why) => {
@@ -143,7 +157,7 @@ impl Owner {
                 let why = format!("not reachable: {}", guest::sanitize(&why));
                 tracing::warn!(computer = %id, problem = %why, "guest supervisor");
                 c.follower = None;
-                c.guest.problem = Some(why.clone());
+                c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
                 c.guest.status = None;
                 c.ready_wait = None;
             }

@@ -203,3 +203,26 @@ async fn deleting_a_desktop_full_of_files_never_stalls_the_owner() {
         "a read waited {max:?} while the delete took {took:?}"
     );
 }
+
+/// A guest that plants a symlink at its socket sees the refusal in the
+/// status, without the host's paths.
+#[tokio::test(start_paused = true)]
+async fn guest_channel_problems_in_the_status_carry_no_host_paths() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.handle.stop(id, None).await.unwrap();
+    let decoy_dir = tempfile::tempdir().unwrap();
+    let decoy = decoy_dir.path().join("host.sock");
+    let _listener = tokio::net::UnixListener::bind(&decoy).unwrap();
+    let socket = rig.paths().socket(id);
+    rig.fake.on_start(move |_| {
+        let _ = std::fs::remove_file(&socket);
+        std::os::unix::fs::symlink(&decoy, &socket).unwrap();
+    });
+    rig.handle.start(id, None).await.unwrap();
+    let s = rig.until(id, "refused", |s| s.problem.is_some()).await;
+    let problem = s.problem.unwrap_or_default();
+    assert!(problem.contains("symlink"), "{problem}");
+    let data = rig.paths().data().display().to_string();
+    assert!(!problem.contains(&data), "{problem}");
+}
