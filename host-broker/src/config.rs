@@ -44,6 +44,10 @@ pub struct BrokerConfig {
     pub stop_timeout: Duration,
     /// How long `start` waits for the guest socket before reporting.
     pub ready_timeout: Duration,
+    /// A hard limit on continuous running: a desktop up this long is
+    /// stopped (reason `idle`) whatever its guest reports and whoever touches
+    /// it. `None` (the default): no limit.
+    pub max_run: Option<Duration>,
     /// Extra labels every container gets (e.g. `dev.dormouse.test=1`); they
     /// also narrow which containers this broker watches and reports as its own.
     pub container_labels: BTreeMap<String, String>,
@@ -61,6 +65,7 @@ impl BrokerConfig {
             quiesce_timeout: Duration::from_secs(5),
             stop_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(60),
+            max_run: None,
             container_labels: BTreeMap::new(),
         }
     }

@@ -1,12 +1,21 @@
-//! Errors of the broker core, each with a stable API code.
+//! The broker core's one error type: its own refusals, and the engine, guest
+//! and store errors rolled up with `#[from]`.
 //!
-//! The API layer maps them to HTTP statuses; the message is safe to show a
-//! client (internal detail is logged where it happens, not put here).
+//! The `Display` of every variant is safe to show a client: the roll-ups say
+//! only which part failed and how (engine unreachable, socket refused, state
+//! directory unwritable). Their detail — host paths, engine replies, guest
+//! words — stays in the wrapped error ([`std::error::Error::source`]) and goes
+//! to the log. The HTTP status and code are decided in
+//! [`crate::api::error`], nowhere else.
 
 use uuid::Uuid;
 
+use crate::engine::EngineError;
+use crate::guest::GuestError;
+use crate::store::StoreError;
+
 /// What can go wrong with a broker command.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// No computer with this id.
     #[error("no computer with id {0}")]
@@ -47,49 +56,110 @@ pub enum BrokerError {
     /// The image is missing or speaks an incompatible protocol.
     #[error("image problem: {0}")]
     Image(String),
-    /// The engine could not be reached.
-    #[error("container engine unreachable: {0}")]
-    EngineUnavailable(String),
-    /// The guest supervisor misbehaved or is not there.
+    /// The backend (container engine) failed or could not be reached.
+    #[error("{}", engine_message(.0))]
+    Engine(#[from] EngineError),
+    /// The guest channel failed or the supervisor misbehaved.
+    #[error("guest supervisor: {}", guest_message(.0))]
+    Guest(#[from] GuestError),
+    /// The desktop did not behave (exited at once, no answer in time).
     #[error("guest supervisor: {0}")]
-    Guest(String),
+    GuestFailed(String),
+    /// The state directory could not be read or written.
+    #[error("the state directory could not be read or written")]
+    Store(#[from] StoreError),
     /// Anything else; details are in the log.
     #[error("internal error: {0}")]
     Internal(String),
 }
 
 impl BrokerError {
-    /// Stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    /// The same failure again, for a second party waiting on it (the
+    /// roll-ups keep their kind and safe message; their detail was logged).
+    pub fn duplicate(&self) -> BrokerError {
         match self {
-            Self::NotFound(_) => "not_found",
-            Self::BadRequest(_) => "bad_request",
-            Self::WrongState(_) => "wrong_state",
-            Self::NotResumable(_) => "not_resumable",
-            Self::StaleGeneration { .. } => "stale_generation",
-            Self::LeaseHeld { .. } => "lease_held",
-            Self::Capacity { .. } => "capacity",
-            Self::Image(_) => "image",
-            Self::EngineUnavailable(_) => "engine_unavailable",
-            Self::Guest(_) => "guest",
-            Self::Internal(_) => "internal",
+            Self::NotFound(id) => Self::NotFound(*id),
+            Self::BadRequest(m) => Self::BadRequest(m.clone()),
+            Self::WrongState(m) => Self::WrongState(m.clone()),
+            Self::NotResumable(m) => Self::NotResumable(m.clone()),
+            Self::StaleGeneration { given, current } => Self::StaleGeneration {
+                given: given.clone(),
+                current: *current,
+            },
+            Self::LeaseHeld { holder, expires_at } => Self::LeaseHeld {
+                holder: holder.clone(),
+                expires_at: expires_at.clone(),
+            },
+            Self::Capacity { running, max } => Self::Capacity {
+                running: *running,
+                max: *max,
+            },
+            Self::Image(m) => Self::Image(m.clone()),
+            Self::Engine(e) => Self::Engine(e.clone()),
+            Self::Guest(_) | Self::GuestFailed(_) => Self::GuestFailed(guest_tail(self)),
+            Self::Store(_) => {
+                Self::Internal("the state directory could not be read or written".into())
+            }
+            Self::Internal(m) => Self::Internal(m.clone()),
         }
     }
 
-    /// The HTTP status the API answers with.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            Self::NotFound(_) => 404,
-            Self::BadRequest(_) => 400,
-            Self::WrongState(_)
-            | Self::NotResumable(_)
-            | Self::StaleGeneration { .. }
-            | Self::LeaseHeld { .. }
-            | Self::Capacity { .. } => 409,
-            Self::Image(_) => 422,
-            Self::EngineUnavailable(_) => 503,
-            Self::Guest(_) => 502,
-            Self::Internal(_) => 500,
+    /// The full detail for the log: the safe message and every source.
+    pub fn detail(&self) -> String {
+        let mut out = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            source = s.source();
         }
+        out
+    }
+}
+
+/// Two errors are equal when they say the same: same kind, same safe
+/// message (the wrapped detail is not compared).
+impl PartialEq for BrokerError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+fn guest_tail(e: &BrokerError) -> String {
+    let text = e.to_string();
+    text.strip_prefix("guest supervisor: ")
+        .map(str::to_owned)
+        .unwrap_or(text)
+}
+
+/// What an engine failure may tell a client.
+fn engine_message(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::Unavailable(_) => "container engine unreachable",
+        EngineError::NotFound(_) => "the container engine does not know the container or image",
+        EngineError::Conflict(_) => "the container engine refused: it conflicts with its state",
+        EngineError::Failed(_) => "the container engine failed the request",
+    }
+}
+
+/// What a guest-channel failure may tell a client (never the socket's path).
+fn guest_message(e: &GuestError) -> String {
+    match e {
+        GuestError::Missing(_) => "no supervisor socket".into(),
+        GuestError::Symlink(_) => "the supervisor socket is a symlink, refused".into(),
+        GuestError::NotASocket(_) => "the supervisor socket is not a socket, refused".into(),
+        GuestError::WrongOwner { .. } => {
+            "the supervisor socket has the wrong owner, refused".into()
+        }
+        GuestError::Replaced(_) => "the supervisor socket changed while connecting, refused".into(),
+        GuestError::Connect(_) => "cannot connect to the supervisor".into(),
+        GuestError::Timeout(d, what) => format!("no answer within {d:?} ({what})"),
+        GuestError::Frame(_) => "bad frame from the supervisor".into(),
+        GuestError::Unexpected { to, .. } => format!("unexpected answer to {to}"),
+        GuestError::Refused { code, .. } => {
+            format!("supervisor refused: {}", crate::guest::sanitize(code))
+        }
+        GuestError::Incompatible(v) => format!("supervisor speaks protocol {v}"),
     }
 }

@@ -26,8 +26,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
-use crate::error::BrokerError;
-
 /// Deadline for connecting to the socket.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Deadline for an ordinary request/response round trip.
@@ -104,12 +102,6 @@ impl GuestError {
             ),
             _ => false,
         }
-    }
-}
-
-impl From<GuestError> for BrokerError {
-    fn from(e: GuestError) -> Self {
-        BrokerError::Guest(e.to_string())
     }
 }
 

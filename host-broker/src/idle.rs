@@ -89,11 +89,6 @@ impl IdleTimer {
         self.window
     }
 
-    /// Whether it runs (the desktop runs).
-    pub fn is_armed(&self) -> bool {
-        self.armed
-    }
-
     /// Whether the guest said it was busy at the last look.
     pub fn is_busy(&self) -> bool {
         self.busy

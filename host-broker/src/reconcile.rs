@@ -1,7 +1,7 @@
 //! Reconciling the broker's records with what the engine says, on start-up
 //! and whenever the engine's event stream reconnects.
 //!
-//! - Each record's container and image are inspected ([`observe`]).
+//! - Each record's desktop and image are observed ([`observe`]).
 //! - A stop that was begun but not confirmed (an intent in the stop-reason
 //!   store) is settled ([`settle_intent`]): finished if the container still
 //!   runs, confirmed with the engine's `FinishedAt` if it stopped after the
@@ -15,12 +15,9 @@
 use std::collections::HashSet;
 
 use chrono::Duration as ChronoDuration;
-use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
 use uuid::Uuid;
 
-use crate::config::BrokerConfig;
-use crate::engine::{ContainerInfo, Engine, EngineError};
-use crate::lifecycle::container_name;
+use crate::engine::{Backend, Desktop, EngineError};
 use crate::store::{ComputerRecord, StopRecord};
 
 /// How much earlier than the intent a `FinishedAt` may be and still count
@@ -28,20 +25,20 @@ use crate::store::{ComputerRecord, StopRecord};
 /// only absorbs rounding).
 const INTENT_SLACK_MS: i64 = 2000;
 
-/// What the engine says of a computer's container.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the backend says of a computer's desktop.
+#[derive(Debug, Clone)]
 pub enum EngineView {
     /// The engine could not be asked; why.
     Unknown(String),
     /// The engine has no such container.
     Missing,
-    /// The container as inspected.
-    Present(Box<ContainerInfo>),
+    /// The desktop as observed.
+    Present(Box<Desktop>),
 }
 
 impl EngineView {
-    /// The container, when the engine reported one.
-    pub fn info(&self) -> Option<&ContainerInfo> {
+    /// The desktop, when the backend reported one.
+    pub fn info(&self) -> Option<&Desktop> {
         match self {
             Self::Present(info) => Some(info),
             _ => None,
@@ -57,15 +54,15 @@ impl EngineView {
 /// The API type of an orphan; defined with the other API types.
 pub use dormouse_protocol::api::Orphan;
 
-/// Inspects a record's container and image. The image is "present" only when
-/// the engine resolves the recorded ID to exactly that ID.
-pub async fn observe(engine: &dyn Engine, record: &ComputerRecord) -> (EngineView, Option<bool>) {
-    let view = match engine.inspect(&container_name(record.id)).await {
-        Ok(Some(info)) => EngineView::Present(Box::new(info)),
+/// Observes a record's desktop and image. The image is "present" only when
+/// the backend resolves the recorded ID to exactly that ID.
+pub async fn observe(backend: &dyn Backend, record: &ComputerRecord) -> (EngineView, Option<bool>) {
+    let view = match backend.observe(record.id).await {
+        Ok(Some(desktop)) => EngineView::Present(Box::new(desktop)),
         Ok(None) => EngineView::Missing,
         Err(e) => return (EngineView::Unknown(e.to_string()), None),
     };
-    let image = match engine.image(&record.image_id).await {
+    let image = match backend.image(&record.image_id).await {
         Ok(image) => Some(image.is_some_and(|i| i.id == record.image_id)),
         Err(_) => None,
     };
@@ -108,43 +105,29 @@ pub fn settle_intent(record: Option<&StopRecord>, view: &EngineView) -> IntentAc
     }
 }
 
-/// The label filters that select this broker's containers.
-pub fn our_labels(config: &BrokerConfig) -> Vec<String> {
-    let mut labels = vec![LABEL_COMPUTER.to_owned()];
-    labels.extend(
-        config
-            .container_labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}")),
-    );
-    labels
-}
-
 /// Containers labelled as ours that no record knows. Each is logged.
 pub async fn find_orphans(
-    engine: &dyn Engine,
-    config: &BrokerConfig,
+    backend: &dyn Backend,
     known: &HashSet<Uuid>,
 ) -> Result<Vec<Orphan>, EngineError> {
-    let listed = engine.list(&our_labels(config)).await?;
+    let listed = backend.inventory().await?;
     let mut orphans = Vec::new();
     for c in listed {
-        let computer = c.labels.get(LABEL_COMPUTER).cloned().unwrap_or_default();
-        let ours = Uuid::parse_str(&computer).is_ok_and(|id| known.contains(&id));
+        let ours = Uuid::parse_str(&c.computer).is_ok_and(|id| known.contains(&id));
         if ours {
             continue;
         }
         tracing::warn!(
             container = %c.name,
-            computer = %computer,
+            computer = %c.computer,
             state = %c.state,
             "container labelled as a Dormouse computer has no record here; leaving it alone"
         );
         orphans.push(Orphan {
             container: c.name,
-            computer,
-            owner: c.labels.get(LABEL_OWNER).cloned(),
-            state: c.state.to_string(),
+            computer: c.computer,
+            owner: c.owner,
+            state: c.state,
         });
     }
     Ok(orphans)
@@ -159,9 +142,9 @@ mod tests {
     use crate::engine::RunState;
 
     fn info(state: RunState, finished_at: Option<chrono::DateTime<Utc>>) -> EngineView {
-        EngineView::Present(Box::new(ContainerInfo {
+        EngineView::Present(Box::new(Desktop {
             state,
-            ..ContainerInfo::test_stopped(finished_at, 0)
+            ..Desktop::test_stopped(finished_at, 0)
         }))
     }
 

@@ -2,6 +2,8 @@
 //! (`tower::ServiceExt::oneshot`): authentication, every class of bad input
 //! (and that it reaches no command), error codes, and the OpenAPI document.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api_support;
 
 use std::collections::BTreeSet;
@@ -10,6 +12,7 @@ use api_support::{Harness, PNG, TOKEN};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use dormouse_broker::api::{route_table, Access, OPENAPI_JSON};
+use dormouse_broker::engine::EngineError;
 use dormouse_broker::error::BrokerError;
 use dormouse_protocol::api::{ContainerState, GENERATION_HEADER};
 use http_body_util::BodyExt;
@@ -404,7 +407,9 @@ async fn stale_generation_is_409_and_changes_nothing() {
 #[tokio::test]
 async fn engine_unreachable_is_503() {
     let h = Harness::new();
-    h.lock().fail_with = Some(BrokerError::EngineUnavailable("connection refused".into()));
+    h.lock().fail_with = Some(BrokerError::Engine(EngineError::Unavailable(
+        "connection refused".into(),
+    )));
     let answer = call(&h, empty(Method::GET, "/v1/computers")).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.code(), "engine_unavailable");

@@ -5,16 +5,16 @@
 //!
 //! Tests skip visibly without an engine or image, and fail under `CI=true`.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod engine_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::DockerEngine;
-use dormouse_broker::engine::{BindMount, ContainerSpec, Engine, RunState};
-use dormouse_broker::lifecycle::{create, resume};
+use dormouse_broker::engine::docker::{resume, spec::container_spec, DockerConfig, DockerEngine};
+use dormouse_broker::engine::{BackendSpec, BindMount, ContainerSpec, Engine, Refusal, RunState};
+use dormouse_broker::lifecycle::create;
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
 use dormouse_broker::store::{computer::RECORD_SCHEMA, ComputerRecord, Paths};
@@ -59,8 +59,10 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, None).unwrap();
-    let mut spec = create::container_spec(&config, &paths, id, "tester", &image_id);
+    create::prepare_dirs(&paths, id, false).unwrap();
+    let image = engine.image(&image_id).await.unwrap().unwrap();
+    let docker = DockerConfig::from_broker(&config);
+    let mut spec = container_spec(&docker, &paths, id, "tester", &image);
     spec.command = vec!["sleep".into(), "infinity".into()];
     let record = ComputerRecord {
         schema: RECORD_SCHEMA,
@@ -73,7 +75,8 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
         workspace: paths.workspace(id),
         idle_timeout_ms: None,
         created_at: chrono::Utc::now(),
-        spec: spec.clone(),
+        spec: BackendSpec::Docker(spec.clone()),
+        workspace_from: None,
     };
 
     let image = engine.image(&image_id).await.unwrap().unwrap();
@@ -118,7 +121,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     assert!(info.started_at.is_some());
     assert_eq!(
         resume::check(&record, Some(&info), Some(true)),
-        Err(resume::Refusal::Running)
+        Err(Refusal::Running)
     );
 
     // (`sleep` as PID 1 ignores SIGTERM: the engine kills it after the timeout.)
@@ -200,8 +203,10 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, None).unwrap();
-    let mut spec: ContainerSpec = create::container_spec(&config, &paths, id, "tester", &image_id);
+    create::prepare_dirs(&paths, id, false).unwrap();
+    let image = engine.image(&image_id).await.unwrap().unwrap();
+    let docker = DockerConfig::from_broker(&config);
+    let mut spec: ContainerSpec = container_spec(&docker, &paths, id, "tester", &image);
     spec.command = vec!["sleep".into(), "infinity".into()];
     // Someone recreated it with an extra capability and a host mount.
     let mut tampered = spec.clone();
@@ -223,15 +228,126 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
         workspace: paths.workspace(id),
         idle_timeout_ms: None,
         created_at: chrono::Utc::now(),
-        spec,
+        spec: BackendSpec::Docker(spec.clone()),
+        workspace_from: None,
     };
-    let info = engine.inspect(&record.spec.name).await.unwrap().unwrap();
+    let info = engine.inspect(&spec.name).await.unwrap().unwrap();
     let refusal = resume::check(&record, Some(&info), Some(true)).unwrap_err();
     assert!(
         refusal.message().contains("cap_add"),
         "{}",
         refusal.message()
     );
+    drop(guard);
+}
+
+/// The `docker create` flags that make a container as `spec` says.
+fn create_flags(spec: &ContainerSpec) -> Vec<String> {
+    let h = &spec.hardening;
+    let mut args = vec![
+        "create".to_string(),
+        format!("--name={}", spec.name),
+        format!("--hostname={}", spec.hostname),
+        format!("--network={}", h.network_mode),
+        format!("--ipc={}", h.ipc_mode),
+        format!("--cgroupns={}", h.cgroupns_mode),
+        format!("--restart={}", h.restart_policy),
+        format!("--cpus={}", spec.limits.nano_cpus as f64 / 1e9),
+        format!("--memory={}", spec.limits.memory),
+        format!("--memory-swap={}", spec.limits.memory_swap),
+        format!("--pids-limit={}", spec.limits.pids_limit),
+    ];
+    args.extend(h.cap_drop.iter().map(|c| format!("--cap-drop={c}")));
+    args.extend(h.cap_add.iter().map(|c| format!("--cap-add={c}")));
+    args.extend(h.security_opt.iter().map(|o| format!("--security-opt={o}")));
+    args.extend(
+        h.ulimits
+            .iter()
+            .map(|u| format!("--ulimit={}={}:{}", u.name, u.soft, u.hard)),
+    );
+    args.extend(spec.labels.iter().map(|(k, v)| format!("--label={k}={v}")));
+    args.extend(spec.mounts.iter().map(|m| {
+        format!(
+            "--mount=type=bind,src={},dst={}{}",
+            m.source.display(),
+            m.target,
+            if m.read_only { ",readonly" } else { "" }
+        )
+    }));
+    args
+}
+
+/// Someone recreates the container by hand with the same name, labels and
+/// settings but one thing more: every such change is refused by the resume
+/// check, which names the setting.
+#[tokio::test]
+async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_the_field() {
+    let test = "a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_the_field";
+    if !docker_available(test) {
+        return;
+    }
+    let Some(image_id) = plain_image(test) else {
+        return;
+    };
+    let guard = RunGuard::new("dm-byhand");
+    let data = TempDir::new("dm-byhand");
+    let paths = Paths::new(data.path());
+    let engine = DockerEngine::connect().await.unwrap();
+    let config = broker_config(data.path(), &image_id, &guard);
+    let docker = DockerConfig::from_broker(&config);
+    let image = engine.image(&image_id).await.unwrap().unwrap();
+    let cases: [(&[&str], &str); 10] = [
+        (&[], ""),
+        (&["--pid=host"], "pid_mode"),
+        (&["--ulimit=nofile=4096:4096"], "ulimits"),
+        (&["--device=/dev/null:/dev/extra"], "devices"),
+        (
+            &["--sysctl=net.ipv4.ip_unprivileged_port_start=0"],
+            "sysctls",
+        ),
+        (&["--read-only"], "readonly_rootfs"),
+        (&["--user=0:0"], "user"),
+        (&["--entrypoint=/bin/sh"], "entrypoint"),
+        (&["--security-opt=seccomp=unconfined"], "security_opt"),
+        (&["--security-opt=apparmor=unconfined"], "security_opt"),
+    ];
+    for (extra, field) in cases {
+        let id = Uuid::new_v4();
+        create::prepare_dirs(&paths, id, false).unwrap();
+        let spec = container_spec(&docker, &paths, id, "tester", &image);
+        let mut args = create_flags(&spec);
+        args.extend(extra.iter().map(|s| (*s).to_string()));
+        args.push(image_id.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker_ok(&args);
+        let record = ComputerRecord {
+            schema: RECORD_SCHEMA,
+            id,
+            name: "by-hand".into(),
+            owner: "tester".into(),
+            image_id: image_id.clone(),
+            generation: 0,
+            lease: None,
+            workspace: paths.workspace(id),
+            idle_timeout_ms: None,
+            created_at: chrono::Utc::now(),
+            spec: BackendSpec::Docker(spec.clone()),
+            workspace_from: None,
+        };
+        let info = engine.inspect(&spec.name).await.unwrap().unwrap();
+        let verdict = resume::check(&record, Some(&info), Some(true));
+        if field.is_empty() {
+            assert_eq!(verdict, Ok(()), "made by hand exactly as the broker would");
+        } else {
+            let why = verdict.expect_err(field).message();
+            println!("{extra:?}: refused: {why}");
+            assert!(
+                why.contains(field),
+                "{extra:?} must be refused naming {field}: {why}"
+            );
+        }
+        engine.remove(&spec.name).await.unwrap();
+    }
     drop(guard);
 }
 
@@ -290,7 +406,7 @@ async fn create_ready_stop_start_ready_with_the_real_image() {
     assert_eq!(inspect(&name, "{{.HostConfig.PublishAllPorts}}"), "false");
     assert_eq!(
         inspect(&name, "{{.HostConfig.NanoCpus}}"),
-        ((limits.cpus * 1e9) as i64).to_string()
+        format!("{:.0}", (limits.cpus * 1e9).round())
     );
     assert_eq!(
         inspect(&name, "{{.HostConfig.Memory}}"),
@@ -421,7 +537,7 @@ async fn a_symlink_planted_at_the_socket_path_is_refused() {
     std::os::unix::fs::symlink(&decoy, &socket).unwrap();
     let err = broker.screenshot(id).await.unwrap_err();
     assert!(
-        matches!(&err, BrokerError::Guest(m) if m.contains("symlink")),
+        matches!(&err, BrokerError::Guest(m) if m.to_string().contains("symlink")),
         "{err}"
     );
     assert!(

@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
+use super::error::HttpError;
 use super::ApiState;
 
 /// Route that also accepts the token outside the `Authorization` header,
@@ -92,7 +92,7 @@ pub async fn require_token(
     State(state): State<ApiState>,
     request: Request,
     next: Next,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let headers = request.headers();
     let authorised = bearer_from_header(headers).is_some_and(|t| state.token.verify(t))
         || (request.uri().path() == EVENTS_PATH
@@ -101,7 +101,7 @@ pub async fn require_token(
     if authorised {
         Ok(next.run(request).await)
     } else {
-        Err(ApiError::unauthorized())
+        Err(HttpError::unauthorized())
     }
 }
 

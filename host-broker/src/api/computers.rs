@@ -13,7 +13,7 @@ use dormouse_protocol::api::{
     ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
 
-use super::error::ApiError;
+use super::error::HttpError;
 use super::extract::{ComputerId, Generation, JsonBody, RemoveQuery};
 use super::ApiState;
 use crate::reconcile::Orphan;
@@ -28,7 +28,7 @@ const MIN_IDLE_TIMEOUT_MS: u64 = 1000;
 pub async fn create(
     State(state): State<ApiState>,
     JsonBody(req): JsonBody<CreateComputer>,
-) -> Result<(StatusCode, Json<ComputerStatus>), ApiError> {
+) -> Result<(StatusCode, Json<ComputerStatus>), HttpError> {
     if let Some(name) = &req.name {
         check_label("name", name)?;
     }
@@ -40,7 +40,7 @@ pub async fn create(
 }
 
 /// `GET /v1/computers`: every computer's status.
-pub async fn list(State(state): State<ApiState>) -> Result<Json<Vec<ComputerStatus>>, ApiError> {
+pub async fn list(State(state): State<ApiState>) -> Result<Json<Vec<ComputerStatus>>, HttpError> {
     Ok(Json(state.broker.list().await?))
 }
 
@@ -48,7 +48,7 @@ pub async fn list(State(state): State<ApiState>) -> Result<Json<Vec<ComputerStat
 pub async fn get(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
-) -> Result<Json<ComputerStatus>, ApiError> {
+) -> Result<Json<ComputerStatus>, HttpError> {
     Ok(Json(state.broker.get(id).await?))
 }
 
@@ -57,7 +57,7 @@ pub async fn start(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
-) -> Result<Json<ComputerStatus>, ApiError> {
+) -> Result<Json<ComputerStatus>, HttpError> {
     Ok(Json(state.broker.start(id, fence).await?))
 }
 
@@ -66,7 +66,7 @@ pub async fn stop(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
-) -> Result<Json<ComputerStatus>, ApiError> {
+) -> Result<Json<ComputerStatus>, HttpError> {
     Ok(Json(state.broker.stop(id, fence).await?))
 }
 
@@ -76,7 +76,7 @@ pub async fn remove(
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
     query: RemoveQuery,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     state.broker.remove(id, query.purge, fence).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -85,7 +85,7 @@ pub async fn remove(
 pub async fn screenshot(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let png = state.broker.screenshot(id).await?;
     Ok((
         [
@@ -102,7 +102,7 @@ pub async fn touch(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
-) -> Result<Json<ComputerStatus>, ApiError> {
+) -> Result<Json<ComputerStatus>, HttpError> {
     Ok(Json(state.broker.touch(id, fence).await?))
 }
 
@@ -112,10 +112,10 @@ pub async fn patch(
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
     JsonBody(req): JsonBody<PatchComputer>,
-) -> Result<Json<ComputerStatus>, ApiError> {
+) -> Result<Json<ComputerStatus>, HttpError> {
     if let Some(ms) = req.idle_timeout_ms {
         if ms < MIN_IDLE_TIMEOUT_MS {
-            return Err(ApiError::bad_request(format!(
+            return Err(HttpError::bad_request(format!(
                 "idle_timeout_ms must be at least {MIN_IDLE_TIMEOUT_MS}"
             )));
         }
@@ -128,10 +128,10 @@ pub async fn lease(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
     JsonBody(req): JsonBody<LeaseRequest>,
-) -> Result<Json<LeaseGrant>, ApiError> {
+) -> Result<Json<LeaseGrant>, HttpError> {
     check_label("holder", &req.holder)?;
     if req.ttl_ms == 0 {
-        return Err(ApiError::bad_request("ttl_ms must be greater than 0"));
+        return Err(HttpError::bad_request("ttl_ms must be greater than 0"));
     }
     Ok(Json(state.broker.lease(id, req).await?))
 }
@@ -139,22 +139,22 @@ pub async fn lease(
 /// `GET /v1/orphans`: containers labelled as Dormouse computers that this
 /// broker has no record of. Reported so an operator can decide; the broker
 /// never removes them.
-pub async fn orphans(State(state): State<ApiState>) -> Result<Json<Vec<Orphan>>, ApiError> {
+pub async fn orphans(State(state): State<ApiState>) -> Result<Json<Vec<Orphan>>, HttpError> {
     Ok(Json(state.broker.orphans().await?))
 }
 
 /// A name-like field: non-empty, bounded, printable.
-fn check_label(field: &str, value: &str) -> Result<(), ApiError> {
+fn check_label(field: &str, value: &str) -> Result<(), HttpError> {
     if value.trim().is_empty() {
-        return Err(ApiError::bad_request(format!("{field} must not be empty")));
+        return Err(HttpError::bad_request(format!("{field} must not be empty")));
     }
     if value.chars().count() > MAX_LABEL_LEN {
-        return Err(ApiError::bad_request(format!(
+        return Err(HttpError::bad_request(format!(
             "{field} is longer than {MAX_LABEL_LEN} characters"
         )));
     }
     if value.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(format!(
+        return Err(HttpError::bad_request(format!(
             "{field} must not contain control characters"
         )));
     }

@@ -18,7 +18,7 @@ use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
 use super::auth::EVENTS_SUBPROTOCOL;
-use super::error::ApiError;
+use super::error::HttpError;
 use super::ApiState;
 
 /// Largest message accepted from a client (clients have nothing to say).
@@ -35,9 +35,9 @@ const CLOSE_INTERNAL: u16 = 1011;
 pub async fn events(
     State(state): State<ApiState>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let upgrade = upgrade.map_err(|rejection| {
-        ApiError::new(
+        HttpError::new(
             rejection.status(),
             "websocket_required",
             format!("/v1/events is a WebSocket: {rejection}"),

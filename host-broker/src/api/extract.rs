@@ -13,7 +13,7 @@ use dormouse_protocol::api::GENERATION_HEADER;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use super::error::ApiError;
+use super::error::HttpError;
 use super::BODY_LIMIT;
 use crate::command::Fence;
 use crate::daemon::serve::BodyTimedOut;
@@ -23,14 +23,14 @@ use crate::daemon::serve::BodyTimedOut;
 pub struct ComputerId(pub Uuid);
 
 impl<S: Send + Sync> FromRequestParts<S> for ComputerId {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|_| ApiError::bad_request("the computer id in the path is missing"))?;
+            .map_err(|_| HttpError::bad_request("the computer id in the path is missing"))?;
         Uuid::try_parse(&raw).map(ComputerId).map_err(|_| {
-            ApiError::bad_request(format!(
+            HttpError::bad_request(format!(
                 "{:?} is not a computer id (a UUID such as 67e55044-10b1-426f-9247-bb680e5fe0c8)",
                 truncate(&raw, 64)
             ))
@@ -43,7 +43,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ComputerId {
 pub struct Generation(pub Fence);
 
 impl<S: Send + Sync> FromRequestParts<S> for Generation {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let mut values = parts.headers.get_all(GENERATION_HEADER).iter();
@@ -51,7 +51,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Generation {
             return Ok(Self(None));
         };
         if values.next().is_some() {
-            return Err(ApiError::bad_request(format!(
+            return Err(HttpError::bad_request(format!(
                 "{GENERATION_HEADER} was sent more than once"
             )));
         }
@@ -63,7 +63,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Generation {
             .and_then(|v| v.parse::<u64>().ok())
             .map(|g| Self(Some(g)))
             .ok_or_else(|| {
-                ApiError::bad_request(format!(
+                HttpError::bad_request(format!(
                     "{GENERATION_HEADER} must be a non-negative integer"
                 ))
             })
@@ -84,14 +84,14 @@ where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::payload_too_large(BODY_LIMIT)
+                HttpError::payload_too_large(BODY_LIMIT)
             } else if let Some(late) = body_timed_out(&rejection) {
-                ApiError::new(
+                HttpError::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "request_timeout",
                     format!(
@@ -100,7 +100,7 @@ where
                     ),
                 )
             } else {
-                ApiError::bad_request("the request body could not be read")
+                HttpError::bad_request("the request body could not be read")
             }
         })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -110,7 +110,7 @@ where
         };
         serde_json::from_slice(text)
             .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+            .map_err(|e| HttpError::bad_request(format!("malformed JSON body: {e}")))
     }
 }
 
@@ -136,7 +136,7 @@ pub struct RemoveQuery {
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for RemoveQuery {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let mut query = Self::default();
@@ -149,10 +149,10 @@ impl<S: Send + Sync> FromRequestParts<S> for RemoveQuery {
                 ("purge", "true" | "1") => query.purge = true,
                 ("purge", "false" | "0") => query.purge = false,
                 ("purge", _) => {
-                    return Err(ApiError::bad_request("purge must be true or false"));
+                    return Err(HttpError::bad_request("purge must be true or false"));
                 }
                 _ => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(HttpError::bad_request(format!(
                         "unknown query parameter {:?}",
                         truncate(key, 64)
                     )));

@@ -31,7 +31,7 @@ use dormouse_protocol::api::ContainerState;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::ApiToken;
-pub use error::ApiError;
+pub use error::HttpError;
 
 use crate::command::BrokerHandle;
 use crate::metrics::Metrics;
@@ -189,8 +189,8 @@ pub fn router(state: ApiState) -> Router {
             auth::require_token,
         ))
         .merge(routes.public)
-        .fallback(|| async { ApiError::no_route() })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(|| async { HttpError::no_route() })
+        .method_not_allowed_fallback(|| async { HttpError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(access_log))
         .with_state(state)
@@ -207,7 +207,7 @@ async fn openapi() -> Response {
 }
 
 /// `GET /metrics`: Prometheus text, with desktops counted by container state.
-async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+async fn metrics(State(state): State<ApiState>) -> Result<Response, HttpError> {
     let computers = state.broker.list().await?;
     let count =
         |wanted: ContainerState| computers.iter().filter(|c| c.container == wanted).count() as u64;

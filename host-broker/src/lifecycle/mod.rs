@@ -1,9 +1,9 @@
 //! The lifecycle verbs, one file each (youki style): [`create`], [`resume`],
 //! [`stop`] and [`remove`].
 //!
-//! Each verb is an async function over an [`OpContext`] that talks to the
-//! engine, the guest socket and the stop-reason store, and returns what it
-//! found. The verbs never hold the broker's state: the owner task runs them as
+//! Each verb is an async function over an [`OpContext`] that speaks
+//! [`Backend`] verbs, the guest channel and the stop-reason store, and
+//! returns what it found. The verbs never hold the broker's state: the owner task runs them as
 //! per-computer tasks (at most one at a time per computer) and applies their
 //! results. They never decide policy (idle, capacity, fencing) either.
 
@@ -17,16 +17,15 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
-use crate::engine::{Engine, EngineError};
-use crate::error::BrokerError;
+use crate::engine::Backend;
 use crate::guest::GuestSocket;
 use crate::store::{Paths, StopReasonStore};
 
 /// What a lifecycle verb may use.
 #[derive(Debug, Clone)]
 pub struct OpContext {
-    /// The engine.
-    pub engine: Arc<dyn Engine>,
+    /// Whatever keeps the desktops.
+    pub backend: Arc<dyn Backend>,
     /// The broker's configuration.
     pub config: Arc<BrokerConfig>,
     /// Paths under the data directory.
@@ -38,13 +37,14 @@ pub struct OpContext {
 impl OpContext {
     /// The supervisor socket of a computer.
     pub fn socket(&self, id: Uuid) -> GuestSocket {
-        GuestSocket::new(self.paths.socket(id))
+        self.backend.guest(id)
     }
 }
 
-/// The container name of a computer: `dormouse-<id>`.
+/// The container name of a computer: `dormouse-<id>` (the Docker backend's
+/// convention).
 pub fn container_name(id: Uuid) -> String {
-    format!("dormouse-{id}")
+    crate::engine::docker::spec::container_name(id)
 }
 
 /// The fixed hostname of a computer: `desk-<first 8 hex digits of the id>`.
@@ -56,18 +56,6 @@ pub fn hostname(id: Uuid) -> String {
 /// The key stop reasons are filed under (hashed by the store).
 pub fn stop_key(id: Uuid) -> String {
     id.to_string()
-}
-
-/// An engine failure as the API should see it.
-pub fn engine_error(e: EngineError) -> BrokerError {
-    match e {
-        EngineError::Unavailable(m) => BrokerError::EngineUnavailable(m),
-        EngineError::NotFound(m) => {
-            BrokerError::WrongState(format!("not found by the engine: {m}"))
-        }
-        EngineError::Conflict(m) => BrokerError::WrongState(m),
-        EngineError::Failed(m) => BrokerError::Internal(format!("engine: {m}")),
-    }
 }
 
 #[cfg(test)]

@@ -1,48 +1,46 @@
 //! `remove`: only on explicit request. A running desktop is stopped gracefully
-//! first (so its browser profiles flush into the workspace), then the
-//! container is removed. The workspace outlives removal unless `purge`; it can
-//! be re-adopted by a new computer with `workspace_from`. The record and run
+//! first (so its browser profiles flush into the workspace), then the desktop
+//! is destroyed. The workspace outlives removal unless `purge`; it can be
+//! re-adopted by a new computer with `workspace_from`. The record and run
 //! directory are deleted by the owner after this returns.
+//!
+//! Deleting a workspace may take seconds (a guest can fill it with many
+//! files): it runs on the blocking pool, never on the owner task.
 
 use dormouse_protocol::api::StopReason;
 use uuid::Uuid;
 
-use super::{container_name, engine_error, stop, OpContext};
-use crate::engine::EngineError;
+use super::{stop, OpContext};
 use crate::error::BrokerError;
+use crate::store::{remove_tree, StoreError};
 
-/// Removes the container of a computer (stopping it first if it runs) and,
+/// Removes the desktop of a computer (stopping it first if it runs) and,
 /// with `purge`, its workspace.
 pub async fn run(ctx: &OpContext, id: Uuid, purge: bool) -> Result<(), BrokerError> {
-    let name = container_name(id);
-    let info = ctx.engine.inspect(&name).await.map_err(engine_error)?;
-    if info.is_some_and(|i| i.state.is_up()) {
+    let desktop = ctx.backend.observe(id).await?;
+    if desktop.is_some_and(|d| d.state.is_up()) {
         let intent = stop::begin(ctx, id, StopReason::Manual)?;
         match stop::run(ctx, id, intent).await {
             Ok(_) | Err(BrokerError::WrongState(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    match ctx.engine.remove(&name).await {
-        Ok(()) | Err(EngineError::NotFound(_)) => {}
-        Err(e) => return Err(engine_error(e)),
-    }
+    ctx.backend.destroy(id).await?;
     if purge {
-        let workspace = ctx.paths.workspace(id);
-        let result =
-            tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&workspace) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            })
-            .await
-            .map_err(|e| BrokerError::Internal(format!("purge task: {e}")))?;
-        if let Err(e) = result {
+        let workspace = ctx.backend.workspace(id);
+        if let Err(e) = blocking(move || remove_tree("purge workspace", &workspace)).await {
             tracing::error!(computer = %id, error = %e, "purging the workspace failed");
-            return Err(BrokerError::Internal(
-                "the workspace could not be deleted".into(),
-            ));
+            return Err(e.into());
         }
     }
     Ok(())
+}
+
+/// Runs file-system work on the blocking pool.
+pub async fn blocking(
+    work: impl FnOnce() -> Result<(), StoreError> + Send + 'static,
+) -> Result<(), StoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
 }

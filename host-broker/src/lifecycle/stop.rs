@@ -13,8 +13,8 @@ use dormouse_protocol::api::StopReason;
 use dormouse_protocol::Quiesced;
 use uuid::Uuid;
 
-use super::{container_name, engine_error, stop_key, OpContext};
-use crate::engine::ContainerInfo;
+use super::{stop_key, OpContext};
+use crate::engine::Desktop;
 use crate::error::BrokerError;
 use crate::guest;
 use crate::store::StopRecord;
@@ -22,8 +22,8 @@ use crate::store::StopRecord;
 /// What a completed stop found.
 #[derive(Debug, Clone)]
 pub struct Stopped {
-    /// The engine's view after the stop.
-    pub info: ContainerInfo,
+    /// The backend's view after the stop.
+    pub info: Desktop,
     /// The confirmed stop record.
     pub record: StopRecord,
     /// What the guest said to `quiesce`, if it answered.
@@ -41,12 +41,11 @@ pub fn begin(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<StopRecord
 
 /// Stops a running computer whose intent is recorded ([`begin`]).
 pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stopped, BrokerError> {
-    let name = container_name(id);
+    let name = super::container_name(id);
     let info = ctx
-        .engine
-        .inspect(&name)
-        .await
-        .map_err(engine_error)?
+        .backend
+        .observe(id)
+        .await?
         .ok_or_else(|| BrokerError::WrongState(format!("container {name} is missing")))?;
     if !info.state.is_up() {
         // Nothing to stop: the intent matches no stop.
@@ -90,11 +89,11 @@ pub async fn finish(
     ctx: &OpContext,
     id: Uuid,
     intent: &StopRecord,
-) -> Result<(ContainerInfo, StopRecord), BrokerError> {
-    let name = container_name(id);
+) -> Result<(Desktop, StopRecord), BrokerError> {
+    let name = super::container_name(id);
     let key = stop_key(id);
-    let stopped = ctx.engine.stop(&name, ctx.config.stop_timeout).await;
-    let after = ctx.engine.inspect(&name).await;
+    let stopped = ctx.backend.suspend(id, ctx.config.stop_timeout).await;
+    let after = ctx.backend.observe(id).await;
     match (stopped, after) {
         (_, Ok(Some(info))) if !info.state.is_up() => {
             let record = intent.confirm(info.finished_at);
@@ -111,7 +110,7 @@ pub async fn finish(
         (Err(e), Ok(Some(_))) => {
             // Definitely still running: the stop did not happen.
             ctx.stops.clear(&key)?;
-            Err(engine_error(e))
+            Err(e.into())
         }
         (_, Ok(None)) => {
             ctx.stops.clear(&key)?;
@@ -121,7 +120,7 @@ pub async fn finish(
         }
         (Err(e), Err(_)) | (Ok(()), Err(e)) => {
             // Unknown outcome: keep the intent; reconciliation finishes it.
-            Err(engine_error(e))
+            Err(e.into())
         }
     }
 }

@@ -5,73 +5,18 @@
 //! Only the owner task touches a [`Computer`]; it has no I/O of its own.
 
 use chrono::{DateTime, Utc};
-use dormouse_protocol::api::{ComputerStatus, ContainerState, IdleStatus, StopReason};
+use dormouse_protocol::api::{ComputerStatus, ContainerState, IdleStatus};
 use dormouse_protocol::{GuestStatus, Hello, Phase};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::follow::GuestThrottle;
+use super::ops::{InFlight, OpKind};
 use crate::command::Reply;
 use crate::idle::IdleTimer;
 use crate::lifecycle::resume;
 use crate::reconcile::EngineView;
 use crate::store::{stop_reason::effective_reason, ComputerRecord, StopRecord};
-
-/// Which mutating operation is in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpKind {
-    /// Create and first start.
-    Create,
-    /// Resume.
-    Start,
-    /// Stop, for a reason.
-    Stop {
-        /// Why (`idle`, `manual`, `fenced`, or an interrupted stop's reason).
-        reason: StopReason,
-    },
-    /// Remove.
-    Remove {
-        /// Also delete the workspace.
-        purge: bool,
-    },
-}
-
-impl OpKind {
-    /// For messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Create => "a create",
-            Self::Start => "a start",
-            Self::Stop { .. } => "a stop",
-            Self::Remove { .. } => "a remove",
-        }
-    }
-}
-
-/// Whom to answer when an operation ends.
-#[derive(Debug)]
-pub enum OpReply {
-    /// Nobody (the idle timer, reconciliation).
-    None,
-    /// A status (create, start, stop).
-    Status(Reply<ComputerStatus>),
-    /// Nothing but success (remove).
-    Unit(Reply<()>),
-}
-
-/// The mutating operation in flight on a computer (at most one).
-#[derive(Debug)]
-pub struct InFlight {
-    /// Distinguishes it from an aborted predecessor.
-    pub op_id: u64,
-    /// What it does.
-    pub kind: OpKind,
-    /// When it began (resume latency is measured from here).
-    pub started: Instant,
-    /// Whom to answer.
-    pub reply: OpReply,
-    /// To abandon it (fencing takeover of a hung operation).
-    pub abort: AbortHandle,
-}
 
 /// A create or start whose container runs, until the guest says `ready`
 /// (for the resume-latency metric, the readiness deadline, and to keep the
@@ -165,6 +110,10 @@ pub struct Computer {
     pub op_problem: Option<String>,
     /// The status last broadcast.
     pub last_sent: Option<ComputerStatus>,
+    /// Since when the desktop runs without a break (for the running limit).
+    pub up_since: Option<Instant>,
+    /// How often what the guest pushes may be broadcast.
+    pub guest_throttle: GuestThrottle,
 }
 
 impl Computer {
@@ -187,6 +136,8 @@ impl Computer {
             takeovers: Vec::new(),
             op_problem: None,
             last_sent: None,
+            up_since: None,
+            guest_throttle: GuestThrottle::default(),
         }
     }
 
@@ -204,7 +155,7 @@ impl Computer {
     /// the desktop is not being stopped or removed).
     pub fn is_ready(&self) -> bool {
         let leaving = matches!(
-            self.op.as_ref().map(|o| o.kind),
+            self.op.as_ref().map(|o| o.kind()),
             Some(OpKind::Stop { .. } | OpKind::Remove { .. })
         );
         !leaving
@@ -227,7 +178,10 @@ impl Computer {
 
         let phase = if !running {
             None
-        } else if matches!(self.op.as_ref().map(|o| o.kind), Some(OpKind::Stop { .. })) {
+        } else if matches!(
+            self.op.as_ref().map(|o| o.kind()),
+            Some(OpKind::Stop { .. })
+        ) {
             Some(Phase::Stopping)
         } else if self.guest.problem.is_some() {
             Some(Phase::Degraded)
@@ -251,16 +205,14 @@ impl Computer {
             })
             .or_else(|| match &self.engine {
                 EngineView::Unknown(why) => Some(format!("container engine: {why}")),
-                EngineView::Missing => {
-                    Some(format!("container {} is missing", self.record.spec.name))
-                }
+                EngineView::Missing => Some(format!("{} is missing", self.record.spec.describe())),
                 EngineView::Present(_) => None,
             });
 
         let (resumable, resumable_problem) = match &self.op {
             Some(op) => (
                 false,
-                Some(format!("{} is in progress", op.kind.describe())),
+                Some(format!("{} is in progress", op.kind().describe())),
             ),
             None => match &self.engine {
                 EngineView::Unknown(why) => (false, Some(format!("container engine: {why}"))),

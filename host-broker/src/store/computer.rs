@@ -13,8 +13,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{ensure_dir, read_json, remove_file, write_json, Lease, Paths, StoreError};
-use crate::engine::ContainerSpec;
+use super::{
+    ensure_dir, read_json, remove_file, remove_tree, write_json, Lease, Paths, StoreError,
+};
+use crate::engine::BackendSpec;
 
 /// Version of the record format.
 pub const RECORD_SCHEMA: u32 = 1;
@@ -42,8 +44,14 @@ pub struct ComputerRecord {
     pub idle_timeout_ms: Option<u64>,
     /// When the record was made.
     pub created_at: DateTime<Utc>,
-    /// The container settings it was created with.
-    pub spec: ContainerSpec,
+    /// The settings its backend created it with.
+    pub spec: BackendSpec,
+    /// The removed computer whose workspace this one adopts. Persisted before
+    /// the workspace is moved, so a crash mid-adoption is finished at the next
+    /// start-up ([`ComputerStore::finish_adoption`]) instead of leaving a
+    /// workspace that no record names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_from: Option<Uuid>,
 }
 
 /// Reads and writes computer records.
@@ -113,40 +121,52 @@ impl ComputerStore {
     /// Deletes a record. With `purge` the whole computer directory goes
     /// (workspace included); without it the workspace is kept for
     /// `workspace_from` and only the record and run directory are removed.
+    /// Blocking and possibly long: call it on the blocking pool.
     pub fn delete(&self, id: Uuid, purge: bool) -> Result<(), StoreError> {
-        let dir = self.paths.computer_dir(id);
         if purge {
-            match fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(StoreError::Io {
-                        op: "remove",
-                        path: dir,
-                        source: e,
-                    })
-                }
-            }
+            remove_tree("remove", &self.paths.computer_dir(id))?;
             return super::sync_dir(&self.paths.computers());
         }
         remove_file(&self.paths.record(id))?;
-        let run = self.paths.run_dir(id);
-        match fs::remove_dir_all(&run) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::Io {
-                op: "remove",
-                path: run,
-                source: e,
-            }),
-        }
+        remove_tree("remove", &self.paths.run_dir(id))
     }
+
+    /// Moves the workspace a record adopts into place when a crash came
+    /// between persisting the record and the move; a no-op otherwise.
+    pub fn finish_adoption(&self, record: &ComputerRecord) -> Result<bool, StoreError> {
+        let Some(from) = record.workspace_from else {
+            return Ok(false);
+        };
+        let workspace = self.paths.workspace(record.id);
+        let old = self.paths.workspace(from);
+        if fs::symlink_metadata(&workspace).is_ok() || !old.is_dir() {
+            return Ok(false);
+        }
+        adopt_workspace(&self.paths, &old, record.id)?;
+        Ok(true)
+    }
+}
+
+/// Renames a kept workspace into computer `id`'s directory, durably (both
+/// directories fsynced).
+pub fn adopt_workspace(paths: &Paths, old: &std::path::Path, id: Uuid) -> Result<(), StoreError> {
+    let workspace = paths.workspace(id);
+    fs::rename(old, &workspace).map_err(|e| StoreError::Io {
+        op: "adopt workspace",
+        path: old.to_owned(),
+        source: e,
+    })?;
+    super::sync_dir(&paths.computer_dir(id))?;
+    if let Some(parent) = old.parent() {
+        super::sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::engine::{Hardening, Limits};
+    use crate::engine::{ContainerSpec, Hardening, Limits};
 
     pub(crate) fn record(id: Uuid, paths: &Paths) -> ComputerRecord {
         ComputerRecord {
@@ -160,7 +180,8 @@ pub(crate) mod tests {
             workspace: paths.workspace(id),
             idle_timeout_ms: None,
             created_at: Utc::now(),
-            spec: ContainerSpec {
+            workspace_from: None,
+            spec: BackendSpec::Docker(ContainerSpec {
                 name: format!("dormouse-{id}"),
                 image: "sha256:abc".into(),
                 hostname: "desk".into(),
@@ -177,6 +198,7 @@ pub(crate) mod tests {
                     publish_all_ports: false,
                     restart_policy: "no".into(),
                     init: false,
+                    ..Default::default()
                 },
                 limits: Limits {
                     nano_cpus: 1,
@@ -185,7 +207,8 @@ pub(crate) mod tests {
                     pids_limit: 3,
                 },
                 command: vec![],
-            },
+                process: None,
+            }),
         }
     }
 
@@ -227,5 +250,73 @@ pub(crate) mod tests {
         let (all, broken) = store.load_all().expect("load");
         assert_eq!(all.len(), 1);
         assert_eq!(broken.len(), 1);
+    }
+
+    /// A record as the broker wrote it before backends were named (no
+    /// `workspace_from`, no process, none of the newer hardening fields).
+    const OLD_RECORD: &str = r#"{
+  "schema": 1,
+  "id": "0123abcd-4567-89ab-cdef-0123456789ab",
+  "name": "n",
+  "owner": "o",
+  "image_id": "sha256:abc",
+  "generation": 3,
+  "lease": null,
+  "workspace": "/data/computers/0123abcd-4567-89ab-cdef-0123456789ab/workspace",
+  "idle_timeout_ms": null,
+  "created_at": "2026-11-30T10:00:00Z",
+  "spec": {
+    "name": "dormouse-0123abcd-4567-89ab-cdef-0123456789ab",
+    "image": "sha256:abc",
+    "hostname": "desk-0123abcd",
+    "labels": {"dev.dormouse.computer": "0123abcd-4567-89ab-cdef-0123456789ab"},
+    "mounts": [{"source": "/data/w", "target": "/home/desk/workspace", "read_only": false}],
+    "hardening": {
+      "network_mode": "none", "cap_add": ["CHOWN"], "cap_drop": ["ALL"],
+      "security_opt": ["no-new-privileges"], "ipc_mode": "private",
+      "cgroupns_mode": "private", "privileged": false, "publish_all_ports": false,
+      "restart_policy": "no", "init": false
+    },
+    "limits": {"nano_cpus": 1, "memory": 2, "memory_swap": 2, "pids_limit": 3}
+  }
+}"#;
+
+    #[test]
+    fn records_written_by_earlier_versions_still_load_and_round_trip() {
+        let record: ComputerRecord = serde_json::from_str(OLD_RECORD).expect("old record loads");
+        assert_eq!(record.generation, 3);
+        assert_eq!(record.workspace_from, None);
+        let BackendSpec::Docker(spec) = &record.spec;
+        assert_eq!(spec.hardening.cap_add, vec!["CHOWN".to_string()]);
+        assert!(spec.hardening.ulimits.is_empty() && spec.process.is_none());
+        let again: ComputerRecord =
+            serde_json::from_str(&serde_json::to_string(&record).expect("ser")).expect("de");
+        assert_eq!(again, record);
+        // Nothing new is written for what an old record does not have.
+        let written = serde_json::to_value(&record).expect("ser");
+        assert!(written.get("workspace_from").is_none());
+        assert!(written["spec"].get("process").is_none());
+        assert!(written["spec"]["hardening"].get("ulimits").is_none());
+    }
+
+    #[test]
+    fn an_adoption_cut_short_by_a_crash_is_finished() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let paths = Paths::new(tmp.path());
+        let store = ComputerStore::new(paths.clone());
+        let old = Uuid::new_v4();
+        fs::create_dir_all(paths.workspace(old)).expect("ws");
+        fs::write(paths.workspace(old).join("kept"), "x").expect("kept");
+        let new = Uuid::new_v4();
+        let mut rec = record(new, &paths);
+        rec.workspace_from = Some(old);
+        // The crash came after the record was persisted, before the move.
+        store.save(&rec).expect("save");
+        assert!(store.finish_adoption(&rec).expect("finish"));
+        assert!(paths.workspace(new).join("kept").exists());
+        assert!(!paths.workspace(old).exists());
+        // After the move (or a second start-up) there is nothing to do.
+        assert!(!store.finish_adoption(&rec).expect("again"));
+        assert!(paths.workspace(new).join("kept").exists());
     }
 }

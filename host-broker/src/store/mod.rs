@@ -7,6 +7,9 @@
 //! <data>/stops/<sha256(key)>.json       StopRecord: why the broker stopped it
 //! ```
 //!
+//! Errors carry host paths: they go to the log, and reach a client only
+//! as "the state directory could not be read or written".
+//!
 //! Files are 0600, directories 0700, and every write is atomic: a temp file
 //! in the same directory, fsync, rename over the target, fsync of the
 //! directory. A crash leaves either the old or the new file, never a torn one.
@@ -53,6 +56,10 @@ pub enum StoreError {
         /// Why.
         message: String,
     },
+    /// File-system work on the blocking pool did not finish (it panicked or
+    /// the runtime is shutting down).
+    #[error("blocking file-system task: {0}")]
+    Task(String),
 }
 
 impl StoreError {
@@ -62,15 +69,6 @@ impl StoreError {
             path: path.to_owned(),
             source,
         }
-    }
-}
-
-impl From<StoreError> for crate::error::BrokerError {
-    fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "state directory");
-        crate::error::BrokerError::Internal(
-            "the state directory could not be read or written".into(),
-        )
     }
 }
 
@@ -239,6 +237,17 @@ pub fn remove_file(path: &Path) -> Result<(), StoreError> {
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// Removes a directory tree (never following links out of it); a missing
+/// one is fine. This can take long (a guest may have made many files): call
+/// it on the blocking pool, never on the owner task.
+pub fn remove_tree(op: &'static str, path: &Path) -> Result<(), StoreError> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io(op, path, e)),
+    }
 }
 
 /// `O_NOFOLLOW`: a state file that is a symlink is refused, not followed.

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{ensure_dir, read_json, remove_file, write_json, Paths, StoreError};
-use crate::engine::ContainerInfo;
+use crate::engine::Desktop;
 
 /// Exit status of a process ended by SIGKILL (128 + 9).
 const EXIT_SIGKILL: i64 = 137;
@@ -62,7 +62,7 @@ impl StopRecord {
 /// - a confirmed record whose `FinishedAt` equals the engine's: its reason;
 /// - else what the engine itself knows: `oom` when it says OOMKilled,
 ///   `killed` for exit status 137; otherwise none.
-pub fn effective_reason(record: Option<&StopRecord>, info: &ContainerInfo) -> Option<StopReason> {
+pub fn effective_reason(record: Option<&StopRecord>, info: &Desktop) -> Option<StopReason> {
     if !info.state.is_down() && info.state != crate::engine::RunState::Dead {
         return None;
     }
@@ -138,7 +138,7 @@ mod tests {
         store.save("k", &rec).expect("save");
         let loaded = store.load("k").expect("load");
         assert_eq!(
-            effective_reason(loaded.as_ref(), &ContainerInfo::test_stopped(Some(t), 0)),
+            effective_reason(loaded.as_ref(), &Desktop::test_stopped(Some(t), 0)),
             Some(StopReason::Idle)
         );
     }
@@ -156,7 +156,7 @@ mod tests {
         let other = store.load("other").expect("load");
         assert_eq!(other, None);
         assert_eq!(
-            effective_reason(other.as_ref(), &ContainerInfo::test_stopped(Some(t), 0)),
+            effective_reason(other.as_ref(), &Desktop::test_stopped(Some(t), 0)),
             None
         );
     }
@@ -165,7 +165,7 @@ mod tests {
     fn a_changed_timestamp_has_no_reason() {
         let t = Utc::now();
         let rec = StopRecord::intent(StopReason::Manual, t).confirm(Some(t));
-        let later = ContainerInfo::test_stopped(Some(t + Duration::seconds(5)), 0);
+        let later = Desktop::test_stopped(Some(t + Duration::seconds(5)), 0);
         assert_eq!(effective_reason(Some(&rec), &later), None);
     }
 
@@ -173,7 +173,7 @@ mod tests {
     fn a_running_container_has_no_reason() {
         let t = Utc::now();
         let rec = StopRecord::intent(StopReason::Idle, t).confirm(Some(t));
-        let mut running = ContainerInfo::test_stopped(Some(t), 0);
+        let mut running = Desktop::test_stopped(Some(t), 0);
         running.state = RunState::Running;
         assert_eq!(effective_reason(Some(&rec), &running), None);
     }
@@ -185,13 +185,13 @@ mod tests {
         assert_eq!(
             effective_reason(
                 Some(&confirmed_without_time),
-                &ContainerInfo::test_stopped(None, 0)
+                &Desktop::test_stopped(None, 0)
             ),
             None
         );
         let rec = StopRecord::intent(StopReason::Idle, t).confirm(Some(t));
         assert_eq!(
-            effective_reason(Some(&rec), &ContainerInfo::test_stopped(None, 0)),
+            effective_reason(Some(&rec), &Desktop::test_stopped(None, 0)),
             None
         );
     }
@@ -201,7 +201,7 @@ mod tests {
         let t = Utc::now();
         let intent = StopRecord::intent(StopReason::Idle, t);
         assert_eq!(
-            effective_reason(Some(&intent), &ContainerInfo::test_stopped(Some(t), 0)),
+            effective_reason(Some(&intent), &Desktop::test_stopped(Some(t), 0)),
             None
         );
     }
@@ -210,10 +210,10 @@ mod tests {
     fn the_engine_says_killed_or_oom() {
         let t = Utc::now();
         assert_eq!(
-            effective_reason(None, &ContainerInfo::test_stopped(Some(t), 137)),
+            effective_reason(None, &Desktop::test_stopped(Some(t), 137)),
             Some(StopReason::Killed)
         );
-        let mut oom = ContainerInfo::test_stopped(Some(t), 137);
+        let mut oom = Desktop::test_stopped(Some(t), 137);
         oom.oom_killed = true;
         assert_eq!(effective_reason(None, &oom), Some(StopReason::Oom));
         // A foreign kill after our stop: the timestamp moved on.
@@ -221,13 +221,13 @@ mod tests {
         assert_eq!(
             effective_reason(
                 Some(&rec),
-                &ContainerInfo::test_stopped(Some(t + Duration::seconds(1)), 137)
+                &Desktop::test_stopped(Some(t + Duration::seconds(1)), 137)
             ),
             Some(StopReason::Killed)
         );
         // Our own stop that had to kill after the timeout keeps our reason.
         assert_eq!(
-            effective_reason(Some(&rec), &ContainerInfo::test_stopped(Some(t), 137)),
+            effective_reason(Some(&rec), &Desktop::test_stopped(Some(t), 137)),
             Some(StopReason::Idle)
         );
     }

@@ -2,7 +2,7 @@
 //! in-memory table, broadcasts events like the real owner, and records every
 //! command it receives so a test can assert that a bad request made none.
 
-#![allow(dead_code, clippy::redundant_closure_call)]
+#![allow(dead_code, clippy::redundant_closure_call, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -155,14 +155,14 @@ async fn owner(
 ) {
     while let Some(command) = rx.recv().await {
         let mut s = script.lock().expect("script lock");
-        let fail = s.fail_with.clone();
+        let fail = s.fail_with.as_ref().map(BrokerError::duplicate);
         let boot_time = s.boot_time;
         let fail_boot = s.fail_boot.clone();
         macro_rules! answer {
             ($reply:expr, $name:expr, $id:expr, $body:expr) => {{
                 s.calls.push(format!("{} {}", $name, $id));
                 let result = match &fail {
-                    Some(err) => Err(err.clone()),
+                    Some(err) => Err(err.duplicate()),
                     // A closure, so `?` and `return` in a body end this command only.
                     None => (|| $body)(),
                 };
@@ -294,7 +294,10 @@ async fn owner(
                 Ok(LeaseGrant {
                     generation: c.generation,
                     holder: req.holder.clone(),
-                    expires_at: Utc::now() + chrono::Duration::milliseconds(req.ttl_ms as i64),
+                    expires_at: Utc::now()
+                        + chrono::Duration::milliseconds(
+                            i64::try_from(req.ttl_ms).unwrap_or(i64::MAX),
+                        ),
                 })
             }),
             Command::Screenshot(id, reply) => answer!(reply, "screenshot", id, {

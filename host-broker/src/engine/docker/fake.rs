@@ -6,9 +6,10 @@
 //! test inject failures, delays, an unreachable engine and foreign actions
 //! (a stop or kill the broker did not make, an OOM kill).
 //!
-//! It is compiled into the library (not only under `cfg(test)`) so the API
-//! layer's in-process tests can drive a real owner over it. Production code
-//! never constructs it.
+//! It sits under the Docker backend, so the owner's tests drive the real
+//! backend code over it. It is compiled only for the crate's own tests and
+//! with the `test-support` feature (for tests of other crates), never
+//! into the production library.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -18,7 +19,7 @@ use chrono::Utc;
 use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
-use super::{
+use super::api::{
     normalize_cap, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
     EngineEvent, EngineFuture, ImageInfo, RunState,
 };
@@ -195,6 +196,7 @@ impl FakeEngine {
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
+                process: super::api::Process::default(),
             },
         );
         if let Some(tag) = tag {
@@ -232,12 +234,6 @@ impl FakeEngine {
         self.lock().next_delays.entry(verb).or_default().push(by);
     }
 
-    /// Exit code a container gets from `stop` (0 by default; 137 mimics a
-    /// guest that ignored SIGTERM and was killed after the timeout).
-    pub fn set_stop_exit_code(&self, code: i64) {
-        self.lock().stop_exit_code = code;
-    }
-
     /// Every call so far.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.clone()
@@ -253,19 +249,9 @@ impl FakeEngine {
             .collect()
     }
 
-    /// Forgets the recorded calls.
-    pub fn clear_calls(&self) {
-        self.lock().calls.clear();
-    }
-
     /// A container's current state.
     pub fn container(&self, name: &str) -> Option<ContainerInfo> {
         self.lock().containers.get(name).cloned()
-    }
-
-    /// Every container's name.
-    pub fn container_names(&self) -> Vec<String> {
-        self.lock().containers.keys().cloned().collect()
     }
 
     /// Changes a container behind the broker's back (no event is sent;
@@ -479,6 +465,8 @@ impl Engine for FakeEngine {
                     published_ports: false,
                     hardening,
                     limits: spec.limits,
+                    process: spec.expected_process().unwrap_or_default(),
+                    apparmor_profile: String::new(),
                 };
                 s.containers.insert(spec.name.clone(), info.clone());
                 info

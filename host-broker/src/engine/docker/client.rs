@@ -1,4 +1,4 @@
-//! [`Engine`] over the Docker Engine API with bollard.
+//! [`Engine`](super::api::Engine) over the Docker Engine API with bollard.
 //!
 //! Connects with `DOCKER_HOST` honoured (or the default unix socket) and
 //! negotiates the API version down to what the engine speaks: Docker 20.10
@@ -16,7 +16,8 @@ use bollard::errors::Error as BollardError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum,
     ContainerSummary as BollardSummary, ContainerSummaryStateEnum, EventMessage, HostConfig,
-    HostConfigCgroupnsModeEnum, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
+    HostConfigCgroupnsModeEnum, Mount, MountType, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
@@ -28,9 +29,9 @@ use chrono::{TimeZone, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::Mutex;
 
-use super::{
+use super::api::{
     parse_engine_time, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
-    EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, RunState,
+    EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, Process, RunState, Ulimit,
 };
 
 /// Bound on connecting to the engine and negotiating the API version.
@@ -212,6 +213,50 @@ fn container_info(raw: ContainerInspectResponse) -> ContainerInfo {
             .map(|n| n.to_string())
             .unwrap_or_default(),
         init: host.init.unwrap_or(false),
+        pid_mode: host.pid_mode.clone().unwrap_or_default(),
+        uts_mode: host.uts_mode.clone().unwrap_or_default(),
+        userns_mode: host.userns_mode.clone().unwrap_or_default(),
+        devices: host
+            .devices
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| {
+                format!(
+                    "{}:{}:{}",
+                    d.path_on_host.unwrap_or_default(),
+                    d.path_in_container.unwrap_or_default(),
+                    d.cgroup_permissions.unwrap_or_default()
+                )
+            })
+            .chain(
+                host.device_requests
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| format!("request:{}", r.driver.unwrap_or_default())),
+            )
+            .chain(
+                host.device_cgroup_rules
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| format!("cgroup-rule:{r}")),
+            )
+            .collect(),
+        sysctls: btree(host.sysctls.clone()),
+        readonly_rootfs: host.readonly_rootfs.unwrap_or(false),
+        ulimits: host
+            .ulimits
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|u| Ulimit {
+                name: u.name.unwrap_or_default(),
+                soft: u.soft.unwrap_or(0),
+                hard: u.hard.unwrap_or(0),
+            })
+            .collect(),
     };
     let limits = Limits {
         nano_cpus: host.nano_cpus.unwrap_or(0),
@@ -219,7 +264,14 @@ fn container_info(raw: ContainerInspectResponse) -> ContainerInfo {
         memory_swap: host.memory_swap.unwrap_or(0),
         pids_limit: host.pids_limit.unwrap_or(0),
     };
+    let process = Process {
+        entrypoint: config.entrypoint.clone().unwrap_or_default(),
+        cmd: config.cmd.clone().unwrap_or_default(),
+        user: config.user.clone().unwrap_or_default(),
+    };
     ContainerInfo {
+        process,
+        apparmor_profile: raw.app_armor_profile.unwrap_or_default(),
         id: raw.id.unwrap_or_default(),
         name: raw
             .name
@@ -300,6 +352,23 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             maximum_retry_count: None,
         }),
         init: Some(hardening.init),
+        pid_mode: (!hardening.pid_mode.is_empty()).then(|| hardening.pid_mode.clone()),
+        uts_mode: (!hardening.uts_mode.is_empty()).then(|| hardening.uts_mode.clone()),
+        userns_mode: (!hardening.userns_mode.is_empty()).then(|| hardening.userns_mode.clone()),
+        sysctls: (!hardening.sysctls.is_empty())
+            .then(|| hardening.sysctls.clone().into_iter().collect()),
+        readonly_rootfs: Some(hardening.readonly_rootfs),
+        ulimits: (!hardening.ulimits.is_empty()).then(|| {
+            hardening
+                .ulimits
+                .iter()
+                .map(|u| ResourcesUlimits {
+                    name: Some(u.name.clone()),
+                    soft: Some(u.soft),
+                    hard: Some(u.hard),
+                })
+                .collect()
+        }),
         nano_cpus: Some(spec.limits.nano_cpus),
         memory: Some(spec.limits.memory),
         memory_swap: Some(spec.limits.memory_swap),
@@ -335,10 +404,18 @@ impl Engine for DockerEngine {
         Box::pin(async move {
             let docker = self.client().await?;
             match docker.inspect_image(reference).await {
-                Ok(image) => Ok(Some(ImageInfo {
-                    id: image.id.unwrap_or_default(),
-                    labels: btree(image.config.and_then(|c| c.labels)),
-                })),
+                Ok(image) => {
+                    let config = image.config.unwrap_or_default();
+                    Ok(Some(ImageInfo {
+                        id: image.id.unwrap_or_default(),
+                        process: Process {
+                            entrypoint: config.entrypoint.unwrap_or_default(),
+                            cmd: config.cmd.unwrap_or_default(),
+                            user: config.user.unwrap_or_default(),
+                        },
+                        labels: btree(config.labels),
+                    }))
+                }
                 Err(e) => match map_err(e) {
                     EngineError::NotFound(_) => Ok(None),
                     other => Err(other),

@@ -1,0 +1,217 @@
+//! The [`Backend`] over a Docker-API engine: each desktop is one container.
+//!
+//! [`DockerBackend`] turns desktop verbs into container verbs of an
+//! [`Engine`] ([`client::DockerEngine`] over bollard; [`fake`] in tests). It
+//! owns what is Docker-shaped: the creation settings ([`ContainerSpec`],
+//! [`spec`]), the name and label conventions (`dormouse-<id>`, the
+//! `dev.dormouse.*` labels, the `destroy` event), and the resume check
+//! ([`resume`]). Podman serves the same API: it is a [`Dialect`] of this
+//! backend (its quirks are switches here), not another backend.
+//!
+//! It must never decide policy: it creates, starts, stops and removes only
+//! when asked, and reports what the engine says.
+
+pub mod api;
+pub mod client;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake;
+pub mod resume;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
+use futures_util::stream::{BoxStream, StreamExt};
+use uuid::Uuid;
+
+pub use self::api::{ContainerInfo, ContainerSpec, Engine, EngineEvent, ImageInfo};
+pub use self::client::DockerEngine;
+use super::{Backend, BackendFuture, BackendSpec, Change, Desktop, EngineError, Listed};
+use crate::config::{BrokerConfig, ResourceLimits};
+use crate::guest::GuestSocket;
+use crate::store::{ComputerRecord, Paths};
+
+/// Which engine speaks the Docker API, for the few places they differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// Docker Engine (20.10 and later).
+    #[default]
+    Docker,
+    /// Podman's Docker-compatible service.
+    Podman,
+}
+
+impl Dialect {
+    /// The event action of a container that is gone for good.
+    pub fn removed_action(self) -> &'static str {
+        "destroy"
+    }
+
+    /// The event actions of a container whose process ended (Docker says
+    /// `die`; Podman's compatibility layer may say `died`).
+    pub fn ended_actions(self) -> &'static [&'static str] {
+        match self {
+            Self::Docker => &["die"],
+            Self::Podman => &["die", "died"],
+        }
+    }
+
+    /// Whether `nproc` must be set at create: Podman applies the host's
+    /// limit otherwise, Docker none; both give the same with it set.
+    pub fn explicit_nproc(self) -> bool {
+        matches!(self, Self::Podman)
+    }
+}
+
+/// How the Docker backend makes containers.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Which engine it talks to.
+    pub dialect: Dialect,
+    /// Extra labels every container gets; they also narrow which containers
+    /// count as this broker's.
+    pub labels: BTreeMap<String, String>,
+    /// Limits of every new container.
+    pub limits: ResourceLimits,
+}
+
+impl DockerConfig {
+    /// The settings a broker configuration implies (dialect: Docker).
+    pub fn from_broker(config: &BrokerConfig) -> Self {
+        Self {
+            dialect: Dialect::Docker,
+            labels: config.container_labels.clone(),
+            limits: config.limits.clone(),
+        }
+    }
+}
+
+/// Desktops as containers of a Docker-API engine.
+#[derive(Debug, Clone)]
+pub struct DockerBackend {
+    engine: Arc<dyn Engine>,
+    config: DockerConfig,
+    paths: Paths,
+}
+
+impl DockerBackend {
+    /// A backend over `engine`, keeping host directories under `paths`.
+    pub fn new(engine: Arc<dyn Engine>, config: DockerConfig, paths: Paths) -> Self {
+        Self {
+            engine,
+            config,
+            paths,
+        }
+    }
+
+    fn desktop(info: ContainerInfo) -> Desktop {
+        Desktop {
+            state: info.state,
+            started_at: info.started_at,
+            finished_at: info.finished_at,
+            exit_code: info.exit_code,
+            oom_killed: info.oom_killed,
+            provenance: Arc::new(info),
+        }
+    }
+}
+
+fn listed(name: String, labels: &BTreeMap<String, String>, state: String) -> Listed {
+    Listed {
+        name,
+        computer: labels.get(LABEL_COMPUTER).cloned().unwrap_or_default(),
+        owner: labels.get(LABEL_OWNER).cloned(),
+        state,
+    }
+}
+
+impl Backend for DockerBackend {
+    fn image<'a>(&'a self, reference: &'a str) -> BackendFuture<'a, Option<ImageInfo>> {
+        self.engine.image(reference)
+    }
+
+    fn spec(&self, id: Uuid, owner: &str, image: &ImageInfo) -> BackendSpec {
+        BackendSpec::Docker(spec::container_spec(
+            &self.config,
+            &self.paths,
+            id,
+            owner,
+            image,
+        ))
+    }
+
+    fn provision<'a>(&'a self, record: &'a ComputerRecord) -> BackendFuture<'a, ()> {
+        Box::pin(async move {
+            let BackendSpec::Docker(spec) = &record.spec;
+            self.engine.create(spec).await?;
+            self.engine.start(&spec.name).await
+        })
+    }
+
+    fn resume(&self, id: Uuid) -> BackendFuture<'_, ()> {
+        Box::pin(async move { self.engine.start(&spec::container_name(id)).await })
+    }
+
+    fn suspend(&self, id: Uuid, grace: Duration) -> BackendFuture<'_, ()> {
+        Box::pin(async move { self.engine.stop(&spec::container_name(id), grace).await })
+    }
+
+    fn destroy(&self, id: Uuid) -> BackendFuture<'_, ()> {
+        Box::pin(async move {
+            match self.engine.remove(&spec::container_name(id)).await {
+                Ok(()) | Err(EngineError::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn observe(&self, id: Uuid) -> BackendFuture<'_, Option<Desktop>> {
+        Box::pin(async move {
+            let info = self.engine.inspect(&spec::container_name(id)).await?;
+            Ok(info.map(Self::desktop))
+        })
+    }
+
+    fn inventory(&self) -> BackendFuture<'_, Vec<Listed>> {
+        Box::pin(async move {
+            let listed_now = self.engine.list(&spec::our_labels(&self.config)).await?;
+            Ok(listed_now
+                .into_iter()
+                .map(|c| listed(c.name, &c.labels, c.state.to_string()))
+                .collect())
+        })
+    }
+
+    fn changes(&self) -> BoxStream<'static, Result<Change, EngineError>> {
+        let removed = self.config.dialect.removed_action();
+        self.engine
+            .events(&spec::our_labels(&self.config))
+            .map(move |event| {
+                event.map(|e| {
+                    let computer = e
+                        .labels
+                        .get(LABEL_COMPUTER)
+                        .and_then(|v| Uuid::parse_str(v).ok())
+                        .or_else(|| spec::computer_of_name(&e.name));
+                    tracing::debug!(action = %e.action, container = %e.name, "engine event");
+                    Change {
+                        computer,
+                        gone: e.action == removed,
+                        listed: listed(e.name, &e.labels, e.action),
+                    }
+                })
+            })
+            .boxed()
+    }
+
+    fn guest(&self, id: Uuid) -> GuestSocket {
+        GuestSocket::new(self.paths.socket(id))
+    }
+
+    fn workspace(&self, id: Uuid) -> PathBuf {
+        self.paths.workspace(id)
+    }
+}

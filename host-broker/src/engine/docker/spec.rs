@@ -1,0 +1,220 @@
+//! The Docker backend's conventions: container names (`dormouse-<id>`),
+//! hostnames, labels, mounts, and the hardened settings every desktop
+//! container is created with.
+//!
+//! Hardening: `--network none`, no published ports, `cap-drop ALL` plus
+//! exactly the supervisor's capabilities, `no-new-privileges`, private IPC,
+//! PID, UTS and cgroup namespaces, no devices, no sysctls, explicit ulimits,
+//! CPU/memory/swap/pids limits, only the workspace and run-directory mounts,
+//! restart policy `no`, no engine init (the supervisor is PID 1). This module
+//! only describes; it never talks to the engine.
+
+use std::collections::BTreeMap;
+
+use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
+use uuid::Uuid;
+
+use super::api::{BindMount, ContainerSpec, Hardening, ImageInfo, Limits, Process, Ulimit};
+use super::DockerConfig;
+use crate::store::Paths;
+
+/// The capabilities a desktop keeps: exactly what its supervisor needs.
+pub use dormouse_protocol::GUEST_CAPABILITIES as SUPERVISOR_CAPABILITIES;
+
+/// Where the workspace is mounted in the guest.
+pub const GUEST_WORKSPACE: &str = "/home/desk/workspace";
+/// Where the run directory is mounted in the guest.
+pub const GUEST_RUN_DIR: &str = "/run/dormouse";
+/// Every container name of ours starts so.
+pub const NAME_PREFIX: &str = "dormouse-";
+
+/// The container name of a computer: `dormouse-<id>`.
+pub fn container_name(id: Uuid) -> String {
+    format!("{NAME_PREFIX}{id}")
+}
+
+/// The computer a container name of ours stands for.
+pub fn computer_of_name(name: &str) -> Option<Uuid> {
+    name.strip_prefix(NAME_PREFIX)
+        .and_then(|v| Uuid::parse_str(v).ok())
+}
+
+/// The fixed hostname of a computer: `desk-<first 8 hex digits of the id>`.
+pub fn hostname(id: Uuid) -> String {
+    crate::lifecycle::hostname(id)
+}
+
+/// The label filters that select this broker's containers.
+pub fn our_labels(config: &DockerConfig) -> Vec<String> {
+    let mut labels = vec![LABEL_COMPUTER.to_owned()];
+    labels.extend(config.labels.iter().map(|(k, v)| format!("{k}={v}")));
+    labels
+}
+
+/// The hardened container settings for a computer. `image` is the resolved
+/// image: its entrypoint, command and user are what the container must run.
+pub fn container_spec(
+    config: &DockerConfig,
+    paths: &Paths,
+    id: Uuid,
+    owner: &str,
+    image: &ImageInfo,
+) -> ContainerSpec {
+    let mut labels: BTreeMap<String, String> = config.labels.clone();
+    labels.insert(LABEL_COMPUTER.into(), id.to_string());
+    labels.insert(LABEL_OWNER.into(), owner.into());
+    let mounts = vec![
+        BindMount {
+            source: paths.workspace(id),
+            target: GUEST_WORKSPACE.into(),
+            read_only: false,
+        },
+        BindMount {
+            source: paths.run_dir(id),
+            target: GUEST_RUN_DIR.into(),
+            read_only: false,
+        },
+    ];
+    let limits = &config.limits;
+    // Docker leaves the engine's limits (raising them can fail where the
+    // engine runs with lower ones); Podman would apply the host user's, so
+    // there the process limit is made explicit, equal to the pids limit.
+    let mut ulimits = Vec::new();
+    if config.dialect.explicit_nproc() {
+        ulimits.push(Ulimit {
+            name: "nproc".into(),
+            soft: limits.pids,
+            hard: limits.pids,
+        });
+    }
+    ContainerSpec {
+        name: container_name(id),
+        image: image.id.clone(),
+        hostname: hostname(id),
+        labels,
+        mounts,
+        hardening: Hardening {
+            network_mode: "none".into(),
+            cap_add: SUPERVISOR_CAPABILITIES
+                .iter()
+                .map(|c| (*c).into())
+                .collect(),
+            cap_drop: vec!["ALL".into()],
+            security_opt: vec!["no-new-privileges".into()],
+            ipc_mode: "private".into(),
+            cgroupns_mode: "private".into(),
+            privileged: false,
+            publish_all_ports: false,
+            restart_policy: "no".into(),
+            init: false,
+            pid_mode: String::new(),
+            uts_mode: String::new(),
+            userns_mode: String::new(),
+            devices: Vec::new(),
+            sysctls: BTreeMap::new(),
+            readonly_rootfs: false,
+            ulimits,
+        },
+        limits: Limits {
+            nano_cpus: nano_cpus(limits.cpus),
+            memory: limits.memory_bytes,
+            memory_swap: limits.memory_bytes,
+            pids_limit: limits.pids,
+        },
+        command: Vec::new(),
+        process: Some(Process {
+            entrypoint: image.process.entrypoint.clone(),
+            cmd: image.process.cmd.clone(),
+            user: image.process.user.clone(),
+        }),
+    }
+}
+
+/// CPUs as the engine's nano-CPU count. A float has no checked conversion
+/// to an integer: through its decimal form the rounding is explicit, and
+/// anything out of range becomes a value the engine refuses (never 0, which
+/// would mean "no limit").
+fn nano_cpus(cpus: f64) -> i64 {
+    format!("{:.0}", (cpus * 1e9).round())
+        .parse()
+        .unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BrokerConfig;
+
+    fn image(id: &str) -> ImageInfo {
+        ImageInfo {
+            id: id.into(),
+            labels: BTreeMap::new(),
+            process: Process::default(),
+        }
+    }
+
+    #[test]
+    fn the_spec_is_hardened() {
+        let mut config = BrokerConfig::new("/data".into());
+        config.limits.cpus = 1.5;
+        config.limits.memory_bytes = 1 << 30;
+        config.limits.pids = 512;
+        let paths = Paths::new("/data");
+        let id = Uuid::new_v4();
+        let spec = container_spec(
+            &DockerConfig::from_broker(&config),
+            &paths,
+            id,
+            "alice",
+            &image("sha256:abc"),
+        );
+        assert_eq!(spec.name, format!("dormouse-{id}"));
+        assert_eq!(spec.image, "sha256:abc");
+        assert_eq!(spec.hostname, hostname(id));
+        let h = &spec.hardening;
+        assert_eq!(h.network_mode, "none");
+        assert_eq!(h.cap_drop, vec!["ALL".to_string()]);
+        assert_eq!(
+            h.cap_add,
+            vec!["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"]
+        );
+        assert_eq!(h.security_opt, vec!["no-new-privileges".to_string()]);
+        assert_eq!(h.ipc_mode, "private");
+        assert_eq!(h.cgroupns_mode, "private");
+        assert!(!h.privileged && !h.publish_all_ports && !h.init);
+        assert_eq!(h.restart_policy, "no");
+        assert!(h.pid_mode.is_empty() && h.uts_mode.is_empty() && h.userns_mode.is_empty());
+        assert!(h.devices.is_empty() && h.sysctls.is_empty() && !h.readonly_rootfs);
+        assert!(
+            h.ulimits.is_empty(),
+            "explicit ulimits only where the engine needs them"
+        );
+        let podman = DockerConfig {
+            dialect: super::super::Dialect::Podman,
+            ..DockerConfig::from_broker(&config)
+        };
+        let spec = container_spec(&podman, &paths, id, "alice", &image("sha256:abc"));
+        assert_eq!(spec.hardening.ulimits.len(), 1);
+        assert_eq!(spec.hardening.ulimits[0].name, "nproc");
+        assert_eq!(spec.hardening.ulimits[0].hard, 512);
+        assert_eq!(spec.limits.nano_cpus, 1_500_000_000);
+        assert_eq!(spec.limits.memory, 1 << 30);
+        assert_eq!(spec.limits.memory_swap, 1 << 30, "no swap beyond memory");
+        assert_eq!(spec.limits.pids_limit, 512);
+        let targets: Vec<_> = spec.mounts.iter().map(|m| m.target.as_str()).collect();
+        assert_eq!(targets, vec!["/home/desk/workspace", "/run/dormouse"]);
+        assert!(spec
+            .mounts
+            .iter()
+            .all(|m| m.source.starts_with("/data/computers") && !m.read_only));
+        assert_eq!(spec.labels.get(LABEL_COMPUTER), Some(&id.to_string()));
+        assert_eq!(spec.labels.get(LABEL_OWNER), Some(&"alice".to_string()));
+    }
+
+    #[test]
+    fn names_map_back_to_computers() {
+        let id = Uuid::new_v4();
+        assert_eq!(computer_of_name(&container_name(id)), Some(id));
+        assert_eq!(computer_of_name("other-x"), None);
+    }
+}

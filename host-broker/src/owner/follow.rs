@@ -1,0 +1,261 @@
+//! Following the guest: the supervisor's status stream, readiness, and the
+//! activity the idle timer asks for.
+//!
+//! Everything here comes from the guest and is hostile: a status only ever
+//! replaces the one before it (one per computer is kept), and what the
+//! guest pushes reaches the event stream at a bounded rate per computer
+//! ([`GuestThrottle`]), so a flood costs bounded memory and CPU.
+
+use std::time::Duration;
+
+use dormouse_protocol::api::StopReason;
+use dormouse_protocol::Activity;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::computer::Follower;
+use super::{stop_follower, Internal, Owner};
+use crate::guest::{self, GuestUpdate};
+use crate::idle::Verdict;
+use crate::store::Paths;
+
+/// Statuses a guest may push back to back before the throttle holds them.
+const GUEST_BURST: u32 = 4;
+/// Then at most one broadcast per this long, carrying the latest status.
+const GUEST_EVERY: Duration = Duration::from_millis(250);
+
+/// A token bucket for the broadcasts a guest's statuses cause: the first few
+/// go out at once (starting → ready is never delayed), a flood is coalesced
+/// into one broadcast of the latest status per [`GUEST_EVERY`].
+#[derive(Debug)]
+pub struct GuestThrottle {
+    tokens: u32,
+    refilled: Option<Instant>,
+    /// A status arrived that is not broadcast yet.
+    held: bool,
+}
+
+impl Default for GuestThrottle {
+    fn default() -> Self {
+        Self {
+            tokens: GUEST_BURST,
+            refilled: None,
+            held: false,
+        }
+    }
+}
+
+impl GuestThrottle {
+    fn refill(&mut self, now: Instant) {
+        let since = self.refilled.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(*since);
+        let earned = elapsed.as_millis() / GUEST_EVERY.as_millis();
+        if earned > 0 {
+            let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(earned).min(GUEST_BURST);
+            *since = now;
+        }
+    }
+
+    /// Whether a status arriving now may be broadcast at once; if not it is
+    /// held for [`GuestThrottle::release`].
+    pub fn admit(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens > 0 {
+            self.tokens -= 1;
+            self.held = false;
+            true
+        } else {
+            self.held = true;
+            false
+        }
+    }
+
+    /// Whether a held status may go out now.
+    pub fn release(&mut self, now: Instant) -> bool {
+        self.held && self.admit(now)
+    }
+
+    /// When a held status may go out.
+    pub fn wake_at(&self) -> Option<Instant> {
+        if !self.held {
+            return None;
+        }
+        Some(self.refilled.map_or_else(Instant::now, |r| r + GUEST_EVERY))
+    }
+}
+
+/// A guest-channel problem as a status may show it: the host paths (which
+/// the log keeps) become the names a client knows.
+fn without_paths(text: &str, paths: &Paths, id: Uuid) -> String {
+    let socket = paths.socket(id).display().to_string();
+    let data = paths.data().display().to_string();
+    let text = text.replace(&socket, "the supervisor socket");
+    if data.is_empty() {
+        text
+    } else {
+        text.replace(&data, "<data dir>")
+    }
+}
+
+impl Owner {
+    pub(super) fn start_follower(&mut self, id: Uuid) {
+        let epoch = self.next();
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        stop_follower(c);
+        let socket = self.ctx.socket(id);
+        let tx = self.internal.clone();
+        let within = self.ctx.config.ready_timeout;
+        let abort = self
+            .tasks
+            .spawn(guest::follow(socket, within, move |update| {
+                let tx = tx.clone();
+                async move { tx.send(Internal::Guest { id, epoch, update }).await.is_ok() }
+            }));
+        c.follower = Some(Follower { epoch, abort });
+    }
+
+    pub(super) fn on_guest(&mut self, id: Uuid, epoch: u64, update: GuestUpdate) {
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        if c.follower.as_ref().map(|f| f.epoch) != Some(epoch) {
+            return;
+        }
+        match update {
+            GuestUpdate::Connected(hello) => {
+                self.dirty.insert(id);
+                let since_start = c.ready_wait.as_ref().map(|w| w.started.elapsed());
+                tracing::debug!(computer = %id, version = %guest::sanitize(&hello.supervisor_version), ?since_start, "guest supervisor connected");
+                c.guest.hello = Some(hello);
+                c.guest.problem = None;
+            }
+            GuestUpdate::Status(status) => {
+                if c.guest_throttle.admit(Instant::now()) {
+                    self.dirty.insert(id);
+                }
+                c.guest.problem = None;
+                c.guest.status = Some(status);
+                self.check_ready(id);
+            }
+            GuestUpdate::Closed => {
+                self.dirty.insert(id);
+                tracing::debug!(computer = %id, "guest supervisor closed its stream");
+                c.guest.status = None;
+            }
+            GuestUpdate::Lost(why) => {
+                self.dirty.insert(id);
+                let why = guest::sanitize(&why);
+                tracing::warn!(computer = %id, problem = %why, "guest supervisor connection lost");
+                c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
+                c.guest.status = None;
+            }
+            GuestUpdate::GaveUp(why) => {
+                self.dirty.insert(id);
+                let why = format!("not reachable: {}", guest::sanitize(&why));
+                tracing::warn!(computer = %id, problem = %why, "guest supervisor");
+                c.follower = None;
+                c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
+                c.guest.status = None;
+                c.ready_wait = None;
+            }
+        }
+    }
+
+    /// Answers a waiting create/start once the guest says ready.
+    pub(super) fn check_ready(&mut self, id: Uuid) {
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        if !c.is_ready() {
+            return;
+        }
+        let Some(wait) = c.ready_wait.take() else {
+            return;
+        };
+        // Becoming ready is always told at once.
+        self.dirty.insert(id);
+        // The idle window starts once the desktop is usable.
+        c.idle.renew(Instant::now());
+        let ms = u64::try_from(wait.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if wait.resume {
+            self.metrics.observe_resume(ms);
+            tracing::info!(computer = %id, ms, "resumed: ready");
+        } else {
+            tracing::info!(computer = %id, ms, "created: ready");
+        }
+    }
+
+    pub(super) fn check_activity(&mut self, id: Uuid) {
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        c.idle_check = true;
+        let epoch = c.idle_epoch;
+        let socket = self.ctx.socket(id);
+        let tx = self.internal.clone();
+        self.tasks.spawn(async move {
+            let bound = guest::CONNECT_TIMEOUT + guest::REQUEST_TIMEOUT;
+            let activity = match tokio::time::timeout(bound, guest::activity(&socket)).await {
+                Ok(Ok(activity)) => Some(activity),
+                Ok(Err(e)) => {
+                    tracing::debug!(computer = %id, error = %e, "no guest activity answer");
+                    None
+                }
+                Err(_) => None,
+            };
+            let _ = tx
+                .send(Internal::Activity {
+                    id,
+                    epoch,
+                    activity,
+                })
+                .await;
+        });
+    }
+
+    pub(super) fn on_activity(&mut self, id: Uuid, epoch: u64, activity: Option<Activity>) {
+        let now = Instant::now();
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        c.idle_check = false;
+        if epoch != c.idle_epoch || c.op.is_some() || !c.engine.is_up() {
+            return;
+        }
+        self.dirty.insert(id);
+        if c.idle.observe(activity.as_ref(), now) == Verdict::Stop {
+            tracing::info!(computer = %id, window = ?c.idle.window(), "idle for a full window: stopping");
+            self.launch_stop(id, StopReason::Idle, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_is_coalesced_and_a_quiet_guest_is_never_held() {
+        let mut t = GuestThrottle::default();
+        let start = Instant::now();
+        let admitted = (0..1000).filter(|_| t.admit(start)).count();
+        assert_eq!(
+            admitted, GUEST_BURST as usize,
+            "only the burst goes out at once"
+        );
+        assert!(t.wake_at().is_some());
+        assert!(!t.release(start));
+        assert!(
+            t.release(start + GUEST_EVERY),
+            "the held status goes out later"
+        );
+        assert_eq!(t.wake_at(), None);
+        // A status every second is never held.
+        for s in 1..10 {
+            assert!(t.admit(start + Duration::from_secs(s)));
+        }
+    }
+}

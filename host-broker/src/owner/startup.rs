@@ -1,0 +1,281 @@
+//! Start-up and reconciliation: loading the records against what the
+//! backend says, following the backend's changes, refreshing one computer's
+//! view, settling unconfirmed stop intents, and the orphans (desktops marked
+//! as ours without a record, reported and never removed).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::computer::Computer;
+use super::{arm_idle, disarm_idle, stop_follower, Internal, Owner, ENGINE_RETRY_MAX};
+use crate::engine::{Change, Listed};
+use crate::idle::IdleTimer;
+use crate::lifecycle::stop_key;
+use crate::reconcile::{self, EngineView, IntentAction, Orphan};
+use crate::store::ComputerRecord;
+
+impl Owner {
+    pub(super) async fn start_up(&mut self, records: Vec<ComputerRecord>) {
+        for record in &records {
+            // An adoption cut short by a crash is finished before anything
+            // else can ask for that workspace.
+            match self.store.finish_adoption(record) {
+                Ok(true) => {
+                    tracing::warn!(computer = %record.id, from = ?record.workspace_from, "finished adopting a workspace after a crash");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(computer = %record.id, error = %e, "cannot finish adopting a workspace");
+                }
+            }
+        }
+        let backend = self.ctx.backend.clone();
+        let views = futures_util::future::join_all(
+            records
+                .iter()
+                .map(|r| reconcile::observe(backend.as_ref(), r)),
+        )
+        .await;
+        let now = Instant::now();
+        for (record, (view, image_present)) in records.into_iter().zip(views) {
+            let id = record.id;
+            let window = self.window_of(&record);
+            let mut computer = Computer::new(record, IdleTimer::new(window, now));
+            computer.stop_record = match self.ctx.stops.load(&stop_key(id)) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(computer = %id, error = %e, "unreadable stop record; ignoring it");
+                    None
+                }
+            };
+            tracing::info!(computer = %id, container = ?computer_state_of(&view), "reconciled");
+            self.computers.insert(id, computer);
+            self.apply_view(id, view, image_present);
+        }
+        let known: HashSet<Uuid> = self.computers.keys().copied().collect();
+        match reconcile::find_orphans(backend.as_ref(), &known).await {
+            Ok(orphans) => self.orphans = orphans,
+            Err(e) => tracing::warn!(error = %e, "cannot list containers to look for orphans"),
+        }
+    }
+
+    /// Follows the backend's changes; when the backend is lost, pings it
+    /// until it answers again, then resubscribes.
+    pub(super) fn watch_backend(&mut self) {
+        let backend = self.ctx.backend.clone();
+        let tx = self.internal.clone();
+        self.tasks.spawn(async move {
+            let mut pause = Duration::from_millis(250);
+            let mut first = true;
+            loop {
+                if !first {
+                    match backend.inventory().await {
+                        Ok(listed) => {
+                            if tx.send(Internal::BackendUp(listed)).await.is_err() {
+                                return;
+                            }
+                            pause = Duration::from_millis(250);
+                        }
+                        Err(e) => {
+                            if tx.send(Internal::BackendDown(e.to_string())).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(ENGINE_RETRY_MAX);
+                            continue;
+                        }
+                    }
+                }
+                first = false;
+                let mut changes = backend.changes();
+                let why = loop {
+                    match changes.next().await {
+                        Some(Ok(change)) => {
+                            if tx.send(Internal::Changed(change)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(Err(e)) => break e.to_string(),
+                        None => break "the event stream ended".to_owned(),
+                    }
+                };
+                if tx.send(Internal::BackendDown(why)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ENGINE_RETRY_MAX);
+            }
+        });
+    }
+
+    pub(super) fn refresh_all(&mut self) {
+        let ids: Vec<Uuid> = self.computers.keys().copied().collect();
+        for id in ids {
+            self.refresh(id);
+        }
+    }
+
+    /// Asks the backend about one computer (coalesced: one at a time).
+    pub(super) fn refresh(&mut self, id: Uuid) {
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        if c.refresh.in_flight {
+            c.refresh.again = true;
+            return;
+        }
+        c.refresh.in_flight = true;
+        let epoch = c.refresh.epoch;
+        let record = c.record.clone();
+        let backend = self.ctx.backend.clone();
+        let tx = self.internal.clone();
+        self.tasks.spawn(async move {
+            let (view, image_present) = reconcile::observe(backend.as_ref(), &record).await;
+            let _ = tx
+                .send(Internal::Refreshed {
+                    id,
+                    epoch,
+                    view,
+                    image_present,
+                })
+                .await;
+        });
+    }
+
+    pub(super) fn on_refreshed(
+        &mut self,
+        id: Uuid,
+        epoch: u64,
+        view: EngineView,
+        image_present: Option<bool>,
+    ) {
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        c.refresh.in_flight = false;
+        let mut again = std::mem::take(&mut c.refresh.again);
+        if epoch == c.refresh.epoch {
+            self.apply_view(id, view, image_present);
+        } else {
+            // Older than an operation's own view: ask again instead.
+            again = true;
+        }
+        if again {
+            self.refresh(id);
+        }
+    }
+
+    /// Applies what the backend says. With no operation in flight, a desktop
+    /// that came up arms the idle timer and gets a guest follower; one that
+    /// went down disarms and drops them; an unconfirmed stop is settled.
+    pub(super) fn apply_view(&mut self, id: Uuid, view: EngineView, image_present: Option<bool>) {
+        let now = Instant::now();
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
+        self.dirty.insert(id);
+        let was_up = c.last_up;
+        let known = !matches!(view, EngineView::Unknown(_));
+        let now_up = view.is_up();
+        c.engine = view;
+        if known {
+            c.image_present = image_present;
+            c.last_up = now_up;
+        }
+        if c.op.is_some() || !known {
+            return;
+        }
+        if was_up && !now_up {
+            tracing::info!(computer = %id, "container went down");
+            disarm_idle(c);
+            stop_follower(c);
+            c.ready_wait = None;
+        }
+        let start_follower = !was_up && now_up;
+        if start_follower {
+            tracing::info!(computer = %id, "container is up");
+            arm_idle(c, now);
+        }
+        let action = reconcile::settle_intent(c.stop_record.as_ref(), &c.engine);
+        if start_follower {
+            self.start_follower(id);
+        }
+        self.settle(id, action);
+    }
+
+    fn settle(&mut self, id: Uuid, action: IntentAction) {
+        let key = stop_key(id);
+        match action {
+            IntentAction::Keep | IntentAction::Later => {}
+            IntentAction::Finish(intent) => {
+                tracing::warn!(computer = %id, reason = ?intent.reason, "finishing a stop that was begun but not confirmed");
+                self.launch_stop(id, intent.reason, None);
+            }
+            IntentAction::Confirm(record) => {
+                tracing::info!(computer = %id, reason = ?record.reason, "confirmed an interrupted stop");
+                if let Err(e) = self.ctx.stops.save(&key, &record) {
+                    tracing::error!(computer = %id, error = %e, "cannot confirm the stop record");
+                }
+                if let Some(c) = self.computers.get_mut(&id) {
+                    c.stop_record = Some(record);
+                }
+            }
+            IntentAction::Drop => {
+                tracing::info!(computer = %id, "dropping a stop intent that no stop matches");
+                if let Err(e) = self.ctx.stops.clear(&key) {
+                    tracing::error!(computer = %id, error = %e, "cannot drop the stop intent");
+                }
+                if let Some(c) = self.computers.get_mut(&id) {
+                    c.stop_record = None;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_change(&mut self, change: Change) {
+        match change.computer {
+            Some(id) if self.computers.contains_key(&id) => self.refresh(id),
+            _ => {
+                let name = &change.listed.name;
+                if change.gone {
+                    self.orphans.retain(|o| &o.container != name);
+                } else if !self.orphans.iter().any(|o| &o.container == name) {
+                    // A desktop marked as ours appeared without a record.
+                    tracing::warn!(container = %name, computer = %change.listed.computer, "container labelled as a Dormouse computer has no record here; leaving it alone");
+                    self.orphans.push(orphan(change.listed));
+                }
+            }
+        }
+    }
+
+    pub(super) fn update_orphans(&mut self, listed: Vec<Listed>) {
+        self.orphans = listed
+            .into_iter()
+            .filter(|l| {
+                !Uuid::parse_str(&l.computer).is_ok_and(|id| self.computers.contains_key(&id))
+            })
+            .map(orphan)
+            .collect();
+    }
+}
+
+fn orphan(listed: Listed) -> Orphan {
+    Orphan {
+        container: listed.name,
+        computer: listed.computer,
+        owner: listed.owner,
+        state: listed.state,
+    }
+}
+
+fn computer_state_of(view: &EngineView) -> String {
+    match view {
+        EngineView::Unknown(why) => format!("unknown ({why})"),
+        EngineView::Missing => "missing".into(),
+        EngineView::Present(info) => info.state.to_string(),
+    }
+}
