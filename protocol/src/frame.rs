@@ -84,14 +84,31 @@ pub enum FrameError {
 pub trait Message: Serialize + DeserializeOwned {
     /// Every `kind` tag the type understands.
     const KINDS: &'static [&'static str];
+    /// Whether this message may come with a binary payload; a reader refuses
+    /// a payload on any other before reading it.
+    fn payload_allowed(&self) -> bool;
+    /// This message's `kind` tag.
+    fn kind(&self) -> &'static str;
 }
 
 impl Message for Request {
     const KINDS: &'static [&'static str] = Request::KINDS;
+    fn payload_allowed(&self) -> bool {
+        Request::payload_allowed(self)
+    }
+    fn kind(&self) -> &'static str {
+        Request::kind(self)
+    }
 }
 
 impl Message for Response {
     const KINDS: &'static [&'static str] = Response::KINDS;
+    fn payload_allowed(&self) -> bool {
+        Response::payload_allowed(self)
+    }
+    fn kind(&self) -> &'static str {
+        Response::kind(self)
+    }
 }
 
 /// The validated fixed header of a frame.
