@@ -30,6 +30,9 @@ pub struct ReadLimits {
     /// Largest payload this reader takes (at most the protocol's
     /// [`crate::MAX_PAYLOAD_LEN`]).
     pub max_payload: u32,
+    /// Bounds on the strings and lists of the message, for a reader that
+    /// keeps or shows what a hostile peer sends.
+    pub taming: Option<crate::frame::Taming>,
 }
 
 impl ReadLimits {
@@ -40,6 +43,7 @@ impl ReadLimits {
             rest,
             max_message: crate::MAX_HEADER_LEN,
             max_payload: crate::MAX_PAYLOAD_LEN,
+            taming: None,
         }
     }
 }
@@ -107,7 +111,7 @@ pub async fn read_frame<M: Message, R: AsyncRead + Unpin>(
     }
     let mut json = vec![0u8; to_len(header.message_len)?];
     fill(r, &mut json, 0, deadline, limits.rest).await?;
-    let message: M = frame::decode_message(&json)?;
+    let message: M = frame::decode_message_tamed(&json, limits.taming.as_ref())?;
     if header.payload_len > 0 && !message.payload_allowed() {
         return Err(StreamError::UnexpectedPayload {
             kind: message.kind(),
