@@ -10,6 +10,8 @@ pub mod config;
 pub mod config_file;
 pub mod identity;
 pub mod init;
+pub mod locks;
+pub mod nofollow;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;

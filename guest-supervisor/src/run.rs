@@ -69,9 +69,6 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
 
     // The socket comes up first, so the host sees "preparing" (and why a
     // preparation failed) rather than silence.
-    if let Err(e) = prepare::secure_run_dir(&config) {
-        tracing::error!(error = %e, "cannot secure the run directory");
-    }
     let (quiesce_tx, mut quiesce_rx) = mpsc::channel::<QuiesceRequest>(4);
     let socket_task = tokio::spawn({
         let (config, cell) = (config.clone(), cell.clone());

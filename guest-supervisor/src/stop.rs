@@ -21,14 +21,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
-use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
-use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::procfs::{self, Stat};
 use crate::services::Services;
-use crate::x_client::{self, XError};
+use crate::x_client;
 
 /// Command names (`/proc/<pid>/comm`) of browser processes.
 const BROWSER_COMMS: &[&str] = &[
@@ -197,7 +194,7 @@ pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> b
         return true;
     }
     let deadline = Instant::now() + bound;
-    let asked = close_windows_of(config, pids, bound / 4).await;
+    let asked = x_client::close_windows_of(config, pids, bound / 4).await;
     if asked > 0 {
         tracing::info!(?pids, windows = asked, "asked browser windows to close");
         let half = deadline.saturating_duration_since(Instant::now()) / 2;
@@ -220,77 +217,6 @@ pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> b
         deadline.saturating_duration_since(Instant::now()),
     )
     .await
-}
-
-/// Sends `WM_DELETE_WINDOW` to every top-level window whose `_NET_WM_PID`
-/// is one of `pids`, as the close button of a title bar does. Returns how
-/// many windows were asked (0 also when X does not answer within `bound`).
-pub async fn close_windows_of(config: &Config, pids: &[u32], bound: Duration) -> usize {
-    let pids: BTreeSet<u32> = pids.iter().copied().collect();
-    match x_client::with_display(config, bound, move |conn, screen| {
-        ask_to_close(conn, screen, &pids)
-    })
-    .await
-    {
-        Ok(asked) => asked,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot close windows through X");
-            0
-        }
-    }
-}
-
-fn ask_to_close(
-    conn: &RustConnection,
-    screen: usize,
-    pids: &BTreeSet<u32>,
-) -> Result<usize, XError> {
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
-        .root;
-    let client_list = x_client::atom(conn, b"_NET_CLIENT_LIST")?;
-    let wm_pid = x_client::atom(conn, b"_NET_WM_PID")?;
-    let protocols = x_client::atom(conn, b"WM_PROTOCOLS")?;
-    let delete = x_client::atom(conn, b"WM_DELETE_WINDOW")?;
-    // The window manager's list of managed windows; without one, the
-    // children of the root are the top-level windows.
-    let listed = conn
-        .get_property(false, root, client_list, AtomEnum::WINDOW, 0, 4096)?
-        .reply()?;
-    let mut windows: Vec<u32> = listed.value32().map(Iterator::collect).unwrap_or_default();
-    if windows.is_empty() {
-        windows = conn.query_tree(root)?.reply()?.children;
-    }
-    let mut asked = 0;
-    for window in windows {
-        // A window may vanish meanwhile (BadWindow): skip it.
-        let Ok(reply) = conn
-            .get_property(false, window, wm_pid, AtomEnum::CARDINAL, 0, 1)?
-            .reply()
-        else {
-            continue;
-        };
-        let Some(pid) = reply.value32().and_then(|mut v| v.next()) else {
-            continue;
-        };
-        if !pids.contains(&pid) {
-            continue;
-        }
-        let event = ClientMessageEvent::new(
-            32,
-            window,
-            protocols,
-            [delete, x11rb::CURRENT_TIME, 0, 0, 0],
-        );
-        conn.send_event(false, window, EventMask::NO_EVENT, event)?;
-        asked += 1;
-    }
-    // A round trip: every event is delivered before the connection closes.
-    conn.get_input_focus()?.reply()?;
-    Ok(asked)
 }
 
 /// Whether `pid` is alive (not gone, not a zombie).

@@ -27,41 +27,12 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::init::{self, ChildExit, OwnedChild};
-use crate::prepare::locks::{self, ProfileFamily};
+use crate::locks::{self, ProfileFamily};
 use crate::state::StatusCell;
 use output::{LineReader, Tail};
 use restart::{FailureCause, Remedy, RestartDecision, RestartPolicy, RestartTracker};
 
-/// A browser the supervisor can autostart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Browser {
-    /// Debian's `chromium`.
-    Chromium,
-    /// `google-chrome`, when installed.
-    GoogleChrome,
-    /// Debian's `firefox-esr`.
-    Firefox,
-}
-
-impl Browser {
-    /// Parses a configuration value.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "chromium" => Some(Self::Chromium),
-            "google-chrome" | "chrome" => Some(Self::GoogleChrome),
-            "firefox" | "firefox-esr" => Some(Self::Firefox),
-            _ => None,
-        }
-    }
-
-    /// The lock family of its profile.
-    pub fn family(self) -> ProfileFamily {
-        match self {
-            Self::Chromium | Self::GoogleChrome => ProfileFamily::Chromium,
-            Self::Firefox => ProfileFamily::Firefox,
-        }
-    }
-}
+pub use crate::config::Browser;
 
 /// What kind of service, which decides readiness and failure rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +130,7 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
             ],
         },
     ];
-    if let Some(browser) = config.browser.as_deref().and_then(Browser::from_name) {
+    if let Some(browser) = config.browser {
         let (program, args) = match browser {
             Browser::Chromium => (
                 "chromium",
@@ -692,7 +663,7 @@ async fn terminate(
     let name = spec.name;
     let deadline = Instant::now() + grace;
     if matches!(spec.kind, ServiceKind::Browser(_)) && child.exited().is_none() {
-        let asked = crate::stop::close_windows_of(config, &[child.pid()], grace / 4).await;
+        let asked = crate::x_client::close_windows_of(config, &[child.pid()], grace / 4).await;
         if asked > 0 {
             let half = deadline.saturating_duration_since(Instant::now()) / 2;
             if let Ok(exit) = tokio::time::timeout(half, child.wait()).await {
@@ -740,7 +711,7 @@ fn apply_remedy(spec: &ServiceSpec, config: &Config, cause: &FailureCause) -> bo
     let result = match (cause.remedy(), spec.kind) {
         (Remedy::ClearDisplayLocks, ServiceKind::Display) => locks::clear_x_locks(config),
         (Remedy::ClearProfileLocks, ServiceKind::Browser(browser)) => {
-            locks::clear_profile_locks(config, Some(browser.family()))
+            locks::clear_profile_locks(config, Some(ProfileFamily::of(browser)))
         }
         _ => return false,
     };
@@ -772,7 +743,7 @@ mod tests {
     #[test]
     fn services_in_order_with_hardened_flags() {
         let config = Config {
-            browser: Some("chromium".into()),
+            browser: Some(Browser::Chromium),
             width: 1920,
             height: 1080,
             ..Config::default()
