@@ -228,7 +228,8 @@ fn fix_preferences(dir: &HeldDir, name: &OsStr, owner: Owner) -> io::Result<bool
     if meta.len() > MAX_PREFERENCES_BYTES {
         return Ok(false);
     }
-    let mut text = Vec::with_capacity(meta.len() as usize);
+    let mut text =
+        Vec::with_capacity(usize::try_from(meta.len().min(MAX_PREFERENCES_BYTES)).unwrap_or(0));
     file.take(MAX_PREFERENCES_BYTES).read_to_end(&mut text)?;
     let mut prefs: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

@@ -445,11 +445,6 @@ fn reply(answer: impl Answer) -> (Response, Vec<u8>) {
     (answer.into_response(), Vec::new())
 }
 
-/// Milliseconds as the protocol carries them.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Serves one request other than `watch`: the supervisor's handler of each
 /// request of the declaration ([`dormouse_protocol::guest`]); a new request
 /// is a new arm here, answering with the type the declaration names.
@@ -467,7 +462,7 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
                     width = shot.width,
                     height = shot.height,
                     bytes = shot.png.len(),
-                    elapsed_ms = millis(shot.elapsed),
+                    elapsed_ms = crate::millis(shot.elapsed),
                     "screenshot"
                 );
                 let info = ScreenshotInfo {
@@ -497,7 +492,7 @@ async fn quiesce(timeout_ms: u64, shared: &Shared) -> Response {
         Response::Quiesced(Quiesced {
             closed: Vec::new(),
             complete: false,
-            elapsed_ms: millis(started.elapsed()),
+            elapsed_ms: crate::millis(started.elapsed()),
         })
     };
     let (reply, answer) = oneshot::channel();
@@ -740,7 +735,8 @@ mod tests {
         std::fs::write(victim_dir.join("inside"), "keep").expect("inside");
         let other = dir.path().join("other.sock");
         let _other = std::os::unix::net::UnixListener::bind(&other).expect("other");
-        let plant: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+        type Plant<'a> = Box<dyn Fn(&Path) + 'a>;
+        let plant: Vec<(&str, Plant)> = vec![
             (
                 "link to a file",
                 Box::new(|p| symlink(&victim, p).expect("link")),
@@ -891,7 +887,7 @@ mod tests {
         let with_payload = {
             let json = br#"{"v":1,"kind":"hello"}"#;
             let mut b = FrameHeader {
-                message_len: json.len() as u32,
+                message_len: u32::try_from(json.len()).expect("small"),
                 payload_len: 1 << 20,
             }
             .to_bytes()

@@ -132,7 +132,7 @@ pub async fn close_browsers(
     };
     let ((mut closed, ours_complete), (user_closed, user_complete)) = tokio::join!(ours, user);
     closed.extend(user_closed);
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let elapsed_ms = crate::millis(started.elapsed());
     tracing::info!(
         ?closed,
         complete = ours_complete && user_complete,

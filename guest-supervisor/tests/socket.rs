@@ -13,7 +13,7 @@
 //! Waiting is event-driven (see `support`); its deadlines are hang guards,
 //! not speed assertions.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -379,7 +379,7 @@ impl Services {
             tracing::info!(
                 service = name,
                 clean,
-                elapsed_ms = started.elapsed().as_millis() as u64,
+                elapsed_ms = crate::millis(started.elapsed()),
                 "service stopped"
             );
         }
@@ -393,7 +393,9 @@ impl Services {
                 continue;
             }
             if let Some(pid) = *handle.pid.borrow() {
-                let pgid = nix::unistd::Pid::from_raw(pid as i32);
+                let Ok(pgid) = i32::try_from(pid).map(nix::unistd::Pid::from_raw) else {
+                    continue;
+                };
                 match nix::sys::signal::killpg(pgid, signal) {
                     Ok(()) => tracing::info!(service = handle.name, %signal, "forwarded signal"),
                     Err(e) => {
@@ -479,7 +481,7 @@ async fn supervise(
                 (ServiceRunState::Failed, cooldown)
             }
         };
-        tracing::warn!(service = spec.name, cause = %attempt, ran_ms = ran_for.as_millis() as u64, retry_ms = wait.as_millis() as u64, fixed, "service failed");
+        tracing::warn!(service = spec.name, cause = %attempt, ran_ms = crate::millis(ran_for), retry_ms = crate::millis(wait), fixed, "service failed");
         ctx.table.update(idx, |s, _| {
             s.state = state;
             s.pid = None;
@@ -614,7 +616,7 @@ async fn run_once(
             tracing::info!(
                 service = spec.name,
                 pid,
-                ready_ms = ctx.started.elapsed().as_millis() as u64,
+                ready_ms = crate::millis(ctx.started.elapsed()),
                 "service ready"
             );
             let exit = tokio::select! {
@@ -686,7 +688,7 @@ async fn terminate(
         Err(_) => {
             tracing::warn!(
                 service = name,
-                grace_ms = grace.as_millis() as u64,
+                grace_ms = crate::millis(grace),
                 "no exit after SIGTERM; killing"
             );
             child.signal_group(Signal::SIGKILL);
@@ -702,7 +704,9 @@ async fn terminate(
 /// kernel does not reuse a pid while it is some group's id, so this cannot
 /// reach a stranger.
 fn kill_group_leftovers(pgid: u32) {
-    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
+    let Ok(pgid) = i32::try_from(pgid).map(nix::unistd::Pid::from_raw) else {
+        return;
+    };
     let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
 }
 
