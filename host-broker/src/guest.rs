@@ -137,7 +137,7 @@ impl From<GuestError> for BrokerError {
 /// API. Messages are tamed like this on arrival already; this is for text
 /// the broker composes around them.
 pub fn sanitize(text: &str) -> String {
-    frame::escape_text(text, Taming::GUEST.max_chars)
+    frame::escape_text(text, Taming::GUEST.max_bytes)
 }
 
 /// A directory whose entries a guest controls (the run directory), and who
@@ -797,11 +797,13 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("supervisor.sock");
         let listener = UnixListener::bind(&path).expect("bind");
-        let evil = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{202e}x\n2026 INFO dormouse::access: forged";
+        let evil = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{202e}x\n2026 INFO dormouse::access: forged \
+                    😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈\
+                    😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈";
         let mut hostile = status(false);
         hostile.problem = Some(format!("{evil}{}", "y".repeat(10_000)));
         hostile.identity.boot_id = evil.into();
-        hostile.services = (0..200)
+        hostile.services = (0..80)
             .map(|i| dormouse_protocol::ServiceState {
                 name: format!("{evil}{i}"),
                 state: dormouse_protocol::ServiceRunState::Failed,
@@ -812,7 +814,7 @@ pub(crate) mod tests {
             })
             .collect();
         hostile.health = Some(dormouse_protocol::HealthReport::from_checks(
-            (0..200)
+            (0..80)
                 .map(|_| {
                     dormouse_protocol::Check::new(evil, dormouse_protocol::CheckStatus::Fail, evil)
                 })
@@ -820,7 +822,8 @@ pub(crate) mod tests {
             chrono::Utc::now(),
         ));
         let reply = frame::encode(&Response::Status(hostile), &[]).expect("encode");
-        assert!(reply.len() < dormouse_protocol::MAX_HEADER_LEN as usize);
+        let sent = reply.len();
+        assert!(sent < dormouse_protocol::MAX_HEADER_LEN as usize, "{sent}");
         tokio::spawn(serve_once(listener, move |req| match req {
             Request::Status => reply.clone(),
             _ => frame::encode(&Response::error(evil, evil), &[]).expect("encode"),
@@ -832,7 +835,7 @@ pub(crate) mod tests {
                 !s.chars().any(frame::is_hazardous),
                 "a hazardous character survived: {s:?}"
             );
-            assert!(s.chars().count() <= 300, "{} characters", s.chars().count());
+            assert!(s.len() <= 300, "{} bytes", s.len());
         };
         clean(got.problem.as_deref().expect("problem"));
         clean(&got.identity.boot_id);
@@ -841,12 +844,15 @@ pub(crate) mod tests {
             clean(&service.name);
             clean(service.last_exit.as_deref().expect("last exit"));
         }
-        let health = got.health.expect("health");
+        let health = got.health.as_ref().expect("health");
         assert!(health.checks.len() <= 32, "{} checks", health.checks.len());
         for check in &health.checks {
             clean(&check.name);
             clean(&check.detail);
         }
+        let stored = serde_json::to_vec(&got).expect("json").len();
+        println!("a hostile status of {sent} bytes is kept as {stored} bytes");
+        assert!(stored < 48 * 1024, "{stored} bytes kept");
         match conn.hello().await {
             Err(GuestError::Refused { code, message }) => {
                 clean(&code);

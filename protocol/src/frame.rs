@@ -209,24 +209,26 @@ fn head_bytes(json: &[u8], payload_len: usize) -> Vec<u8> {
 }
 
 /// Bounds a receiver puts on the text a hostile peer sends: every string of
-/// a message is escaped ([`escape_text`]) and cut to `max_chars`, every list
+/// a message is escaped ([`escape_text`]) and cut to `max_bytes`, every list
 /// cut to `max_items`, before the message is typed. The shape (and thus the
 /// meaning of every field) stays; only its size and its control characters
 /// go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taming {
-    /// Longest string kept, in characters after escaping.
-    pub max_chars: usize,
+    /// Longest string kept, in UTF-8 bytes after escaping.
+    pub max_bytes: usize,
     /// Most items kept of any list.
     pub max_items: usize,
 }
 
 impl Taming {
-    /// What the broker keeps of a guest's messages: 300 characters per
-    /// string, 32 items per list (a status has 4–5 services and about 25
-    /// checks).
+    /// What the broker keeps of a guest's messages: 300 bytes per string,
+    /// 32 items per list (a status has 4–5 services and about 25 checks).
+    /// A status so tamed holds at most 131 strings (identity, problem,
+    /// schema version, 2 per service, 2 per check): about 40 KB of text
+    /// and 5 KB of structure, whatever the guest sends.
     pub const GUEST: Taming = Taming {
-        max_chars: 300,
+        max_bytes: 300,
         max_items: 32,
     };
 }
@@ -250,25 +252,22 @@ pub fn is_hazardous(c: char) -> bool {
 }
 
 /// `text` with every [`is_hazardous`] character written as its Rust escape
-/// (`\u{1b}`, `\n`), cut to `max_chars` characters (never inside an escape).
-pub fn escape_text(text: &str, max_chars: usize) -> String {
+/// (`\u{1b}`, `\n`), cut to at most `max_bytes` bytes (at a character
+/// boundary, never inside an escape).
+pub fn escape_text(text: &str, max_bytes: usize) -> String {
     let mut out = String::new();
-    let mut count = 0;
     for c in text.chars() {
         if is_hazardous(c) {
             let escaped: String = c.escape_default().collect();
-            let n = escaped.chars().count();
-            if count + n > max_chars {
+            if out.len() + escaped.len() > max_bytes {
                 break;
             }
             out.push_str(&escaped);
-            count += n;
         } else {
-            if count + 1 > max_chars {
+            if out.len() + c.len_utf8() > max_bytes {
                 break;
             }
             out.push(c);
-            count += 1;
         }
     }
     out
@@ -279,8 +278,8 @@ pub fn tame(value: &mut serde_json::Value, taming: &Taming) {
     use serde_json::Value;
     match value {
         Value::String(s) => {
-            if s.chars().count() > taming.max_chars || s.chars().any(is_hazardous) {
-                *s = escape_text(s, taming.max_chars);
+            if s.len() > taming.max_bytes || s.chars().any(is_hazardous) {
+                *s = escape_text(s, taming.max_bytes);
             }
         }
         Value::Array(items) => {
@@ -611,7 +610,7 @@ mod tests {
               {"pid":2,"comm":"b","cpu_percent":1.0},
               {"pid":3,"comm":"c","cpu_percent":1.0}]}"#;
         let taming = Taming {
-            max_chars: 12,
+            max_bytes: 12,
             max_items: 2,
         };
         let Response::Activity(a) = decode_message_tamed(json, Some(&taming)).expect("decode")
@@ -622,7 +621,8 @@ mod tests {
         let comm = &a.busy_processes[0].comm;
         assert!(!comm.chars().any(is_hazardous), "{comm:?}");
         assert!(comm.starts_with("\\u{1b}]0;"), "{comm:?}");
-        assert!(comm.chars().count() <= 12);
+        assert!(comm.len() <= 12);
+        assert_eq!(escape_text("ééé", 5), "éé", "cut at a character boundary");
         assert_eq!(escape_text("a\u{7}b", 300), "a\\u{7}b");
         assert_eq!(escape_text("ok", 300), "ok");
         // Escapes are never cut in half.
