@@ -66,9 +66,6 @@ pub enum GuestError {
         /// Who may own it.
         expected: Vec<u32>,
     },
-    /// The socket was replaced between the check and the connect.
-    #[error("{0} changed while connecting, refused")]
-    Replaced(PathBuf),
     /// Connecting failed (refused: nobody listens yet).
     #[error("connect: {0}")]
     Connect(std::io::Error),
