@@ -9,7 +9,7 @@
 //! real-engine tests (`DORMOUSE_TEST_IMAGE`, default `dormouse/desktop:latest`;
 //! `DORMOUSE_SUPERVISOR_BIN` bind-mounts another supervisor build).
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
 mod support;

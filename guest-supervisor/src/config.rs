@@ -21,6 +21,57 @@ pub const ENV_PREFIX: &str = "DORMOUSE_";
 /// serialised default and must be known by name.
 const OPTIONAL_KEYS: &[&str] = &["browser"];
 
+/// A browser the supervisor can autostart. In the configuration it is a
+/// name (`chromium`, `google-chrome`/`chrome`, `firefox`/`firefox-esr`, any
+/// case); any other name is a configuration error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Browser {
+    /// Debian's `chromium`.
+    Chromium,
+    /// `google-chrome`, when installed.
+    GoogleChrome,
+    /// Debian's `firefox-esr`.
+    Firefox,
+}
+
+impl Browser {
+    /// Parses a configuration value; `None` for a name it does not know.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "chromium" => Some(Self::Chromium),
+            "google-chrome" | "chrome" => Some(Self::GoogleChrome),
+            "firefox" | "firefox-esr" => Some(Self::Firefox),
+            _ => None,
+        }
+    }
+
+    /// Its configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chromium => "chromium",
+            Self::GoogleChrome => "google-chrome",
+            Self::Firefox => "firefox",
+        }
+    }
+}
+
+impl Serialize for Browser {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Browser {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::from_name(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "browser {name:?} is not chromium, google-chrome or firefox"
+            ))
+        })
+    }
+}
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -90,7 +141,7 @@ pub struct Config {
     /// freshly started container), and browsers run with `--disable-gpu`.
     pub glx: bool,
     /// Browser started after the desktop is up: `chromium`, `firefox` or none.
-    pub browser: Option<String>,
+    pub browser: Option<Browser>,
     /// Free space the workspace must have for the probe to pass, in MiB.
     pub workspace_min_free_mib: u64,
     /// CPU percent (of one core) above which a uid-1000 process counts as busy.
@@ -335,13 +386,6 @@ impl Config {
                 self.depth
             ));
         }
-        if let Some(browser) = &self.browser {
-            if crate::services::Browser::from_name(browser).is_none() {
-                return invalid(format!(
-                    "browser {browser:?} is not chromium, google-chrome or firefox"
-                ));
-            }
-        }
         if self.crash_loop_failures == 0 {
             return invalid("crash_loop_failures must be at least 1".into());
         }
@@ -387,6 +431,18 @@ impl Config {
         Ok(())
     }
 
+    /// The trusted directory above `path`: the parent of the home for
+    /// anything in the home (the home itself belongs to the desktop user),
+    /// else the parent of `path`.
+    pub fn anchor_for<'a>(&'a self, path: &'a Path) -> &'a Path {
+        if let Some(above_home) = self.home.parent() {
+            if path.starts_with(above_home) && path != above_home {
+                return above_home;
+            }
+        }
+        path.parent().unwrap_or(Path::new("/"))
+    }
+
     /// The supervisor socket.
     pub fn socket_path(&self) -> PathBuf {
         self.run_dir.join(dormouse_protocol::SOCKET_FILE_NAME)
@@ -427,6 +483,31 @@ impl Config {
         self.tmp_dir
             .join(".X11-unix")
             .join(format!("X{}", self.display))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    /// A config whose home, workspace, `/tmp`, state and run dirs are in
+    /// `base`, owned by whoever runs the test.
+    pub(crate) fn test_config(base: &Path) -> Config {
+        let home = base.join("home/desk");
+        std::fs::create_dir_all(home.join("workspace")).expect("mkdir");
+        std::fs::create_dir_all(base.join("tmp")).expect("mkdir");
+        Config {
+            workspace: home.join("workspace"),
+            home,
+            tmp_dir: base.join("tmp"),
+            state_dir: base.join("state"),
+            run_dir: base.join("run/dormouse"),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            ..Config::default()
+        }
     }
 }
 
@@ -500,7 +581,13 @@ mod tests {
             Err(ConfigError::Parse { .. })
         ));
         config.set("browser", "firefox", "--set").expect("browser");
-        assert_eq!(config.browser.as_deref(), Some("firefox"));
+        assert_eq!(config.browser, Some(Browser::Firefox));
+        // A browser it does not know is an error, never dropped.
+        assert!(matches!(
+            config.set("browser", "lynx", "--set"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert_eq!(config.browser, Some(Browser::Firefox));
         config.set("home", "/srv/home", "--set").expect("path");
         assert_eq!(config.home, PathBuf::from("/srv/home"));
     }
@@ -533,7 +620,6 @@ mod tests {
         for (key, value) in [
             ("uid", "0"),
             ("depth", "12"),
-            ("browser", "lynx"),
             ("home", "relative/home"),
             ("log_format", "xml"),
             ("crash_loop_failures", "0"),

@@ -161,7 +161,7 @@ pub fn record_prepared(
         .map_err(io(dir))?;
     let path = config.identity_record_path();
     let tmp = path.with_extension("json.tmp");
-    let json = serde_json::to_vec(identity).expect("an identity always serialises");
+    let json = serde_json::to_vec(identity).map_err(|e| io(&path)(std::io::Error::other(e)))?;
     let write = || -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
         let mut file = std::fs::OpenOptions::new()

@@ -126,7 +126,11 @@ pub fn spawn(cmd: &mut Command) -> std::io::Result<(OwnedChild, Child)> {
     // before its owner is known.
     let mut table = owned();
     let child = cmd.spawn()?;
-    let pid = Pid::from_raw(i32::try_from(child.id()).expect("pids fit in i32"));
+    // Linux pids stay below 2^22; a larger one would be a kernel we do not
+    // know, and an unowned child is better than a wrong pid.
+    let pid = Pid::from_raw(
+        i32::try_from(child.id()).map_err(|_| std::io::Error::other("pid out of range"))?,
+    );
     table.insert(pid.as_raw(), tx);
     drop(table);
     CHILDLESS.send_replace(false);

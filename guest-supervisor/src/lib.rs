@@ -11,6 +11,8 @@ pub mod config_file;
 pub mod exec;
 pub mod identity;
 pub mod init;
+pub mod locks;
+pub mod nofollow;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;
@@ -23,6 +25,12 @@ pub mod stop;
 pub mod x_client;
 
 pub use config::Config;
+
+/// Milliseconds of `d` as logs and the protocol carry them (saturating: no
+/// duration the supervisor measures comes near `u64::MAX` ms).
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 pub use state::{QuiesceRequest, StatusCell};
 
 /// The capabilities the supervisor needs (see [`dormouse_protocol::GUEST_CAPABILITIES`]).

@@ -131,7 +131,7 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
         tracing::info!(
             epoch,
             overall = ?report.overall,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = crate::millis(started.elapsed()),
             failing = %failing_checks(&report),
             "self-probe"
         );
@@ -525,7 +525,9 @@ fn workspace_check(config: &Config) -> Check {
                         status = status.max(CheckStatus::Degraded);
                         notes.push("is a tmpfs: its contents are lost at stop".into());
                     }
-                    let free_mib = fs.blocks_available().saturating_mul(fs.block_size() as u64)
+                    let free_mib = fs
+                        .blocks_available()
+                        .saturating_mul(u64::try_from(fs.block_size()).unwrap_or(0))
                         / (1024 * 1024);
                     if free_mib < config.workspace_min_free_mib {
                         status = status.max(CheckStatus::Degraded);

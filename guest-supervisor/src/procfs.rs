@@ -1,7 +1,8 @@
 //! Reading processes from procfs: the numeric entries of a proc root, the
 //! fields of `/proc/<pid>/stat` and the real uid in `/proc/<pid>/status`.
 //!
-//! Owns the parsing of those files, once, for identity, activity and stop.
+//! Owns the parsing of those files, once, for identity, activity and stop,
+//! and listing the live processes ([`processes`]).
 //! Callers always pass the root (`config.proc_root`), so tests run this code
 //! on fake files. It only reads: it must never signal or otherwise touch a
 //! process, and it decides nothing about what it reads.
@@ -33,6 +34,46 @@ pub fn real_uid(dir: &Path) -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// One process as seen in procfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Parent's id.
+    pub ppid: u32,
+    /// Process group id.
+    pub pgid: u32,
+    /// Real uid.
+    pub uid: u32,
+    /// Command name.
+    pub comm: String,
+}
+
+/// Every live (not zombie) process in `proc_root`, by pid.
+pub fn processes(proc_root: &Path) -> std::io::Result<Vec<ProcessInfo>> {
+    // A process may vanish between readdir and read: skip it.
+    let mut all: Vec<ProcessInfo> = pid_dirs(proc_root)?
+        .filter_map(|(pid, dir)| read_process(&dir, pid))
+        .collect();
+    all.sort_by_key(|p| p.pid);
+    Ok(all)
+}
+
+fn read_process(dir: &Path, pid: u32) -> Option<ProcessInfo> {
+    let text = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let stat = Stat::parse(&text)?;
+    if !stat.is_live() {
+        return None;
+    }
+    Some(ProcessInfo {
+        pid,
+        ppid: stat.number(Stat::PPID)?,
+        pgid: stat.number(Stat::PGRP)?,
+        uid: real_uid(dir)?,
+        comm: stat.comm().to_owned(),
+    })
 }
 
 /// The contents of one `/proc/<pid>/stat`, split at the command name.

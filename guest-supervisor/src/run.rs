@@ -69,9 +69,6 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
 
     // The socket comes up first, so the host sees "preparing" (and why a
     // preparation failed) rather than silence.
-    if let Err(e) = prepare::secure_run_dir(&config) {
-        tracing::error!(error = %e, "cannot secure the run directory");
-    }
     let (quiesce_tx, mut quiesce_rx) = mpsc::channel::<QuiesceRequest>(4);
     let socket_task = tokio::spawn({
         let (config, cell) = (config.clone(), cell.clone());
@@ -95,7 +92,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
                 preferences_fixed = p.preferences_fixed.len(),
                 links_changed = p.links_changed,
                 problems = p.problems.len(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
+                elapsed_ms = crate::millis(started.elapsed()),
                 "prepared"
             );
             (!p.problems.is_empty()).then(|| {
@@ -144,7 +141,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     socket_task.abort();
     let _ = socket_task.await;
     tracing::info!(
-        elapsed_ms = stopping.elapsed().as_millis() as u64,
+        elapsed_ms = crate::millis(stopping.elapsed()),
         browsers_clean = quiesced.complete,
         stragglers,
         all_reaped,

@@ -1,29 +1,40 @@
 //! The guest socket `/run/dormouse/supervisor.sock`: the only channel between
 //! the host and a network-less guest.
 //!
-//! Owns the socket file (stale-socket removal, permissions), accepting
-//! connections, reading bounded frames and answering requests (`hello`,
-//! `status`, `watch`, `screenshot`, `quiesce`, `activity`). Everything a client
-//! sends is hostile until parsed: the 8-byte header is bounds-checked before
-//! anything is allocated, every read and write has a deadline, connections
-//! are capped, and a bad frame closes only its own connection. This module
-//! never changes the status (it reads the [`StatusCell`]) and never stops
-//! services itself (a `quiesce` is handed to the service runner).
+//! Owns the run directory (made a real, root-owned 0700 directory, once, by
+//! file descriptor, never following a link), the socket file in it (whatever
+//! sits at its name when the supervisor starts is removed without being
+//! followed, and a fresh socket is bound: the run directory is the
+//! supervisor's own, so every start recovers from what a previous one, or a
+//! hostile guest root, left there), accepting connections, reading bounded
+//! frames and answering requests (`hello`, `status`, `watch`, `screenshot`,
+//! `quiesce`, `activity`). Everything a client sends is hostile until
+//! parsed: the 8-byte header is bounds-checked before anything is allocated,
+//! every read and write has a deadline (the shared
+//! [`dormouse_protocol::stream`] reader and writer), connections are capped,
+//! and a bad frame closes only its own connection. This module never changes
+//! the status (it reads the [`StatusCell`]) and never stops services itself
+//! (a `quiesce` is handed to the service runner).
 
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd as _;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormouse_protocol::frame::{self, FrameError, HEADER_LEN};
-use dormouse_protocol::{FrameHeader, Hello, Quiesced, Request, Response, PROTOCOL_VERSION};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use dormouse_protocol::frame::{self, FrameError};
+use dormouse_protocol::stream::{self, ReadLimits, StreamError};
+use dormouse_protocol::{
+    Answer, Hello, Quiesced, Request, Response, ScreenshotInfo, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use crate::config::Config;
+use crate::nofollow::{EntryKind, HeldDir, Owner};
 use crate::state::{QuiesceRequest, StatusCell};
 
 /// Largest request message the supervisor reads. Requests are a few dozen
@@ -51,6 +62,13 @@ pub enum SocketError {
         /// What failed.
         source: std::io::Error,
     },
+    /// The run directory is not a real directory (a link or a file was
+    /// planted in its place; a mount point is always a directory).
+    #[error("{path}: the run directory is not a real directory")]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
     /// Something other than a socket sits where the socket goes.
     #[error("{path} exists and is a {kind}, not a socket: refusing to replace it")]
     Occupied {
@@ -59,7 +77,7 @@ pub enum SocketError {
         /// What is there.
         kind: &'static str,
     },
-    /// A stale socket could not be removed.
+    /// What sat at the socket path could not be removed.
     #[error("removing the stale socket {path}: {source}")]
     RemoveStale {
         /// The path.
@@ -104,112 +122,146 @@ pub async fn serve(
 pub struct BoundSocket {
     /// The listener.
     pub listener: UnixListener,
+    dir: HeldDir,
     path: PathBuf,
     dev_ino: (u64, u64),
 }
 
 impl Drop for BoundSocket {
     fn drop(&mut self) {
-        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
-            if m.file_type().is_socket() && (m.dev(), m.ino()) == self.dev_ino {
-                let _ = std::fs::remove_file(&self.path);
+        let name = OsStr::new(dormouse_protocol::SOCKET_FILE_NAME);
+        if let Ok(st) = nix::sys::stat::fstatat(
+            self.dir.fd(),
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            if (st.st_dev, st.st_ino) == self.dev_ino {
+                let _ = self.dir.unlink(name);
             }
         }
     }
 }
 
-/// Secures the run directory (root-owned, 0700), removes a stale socket
-/// (only a socket, never through a link), binds and sets the socket to 0600.
+/// Makes the run directory shared with the host a real directory owned by
+/// the supervisor's user (root) with mode 0700, so only root in the guest
+/// (and the host) can reach the supervisor socket. Works by descriptor
+/// only: the parent is trusted, the run directory itself is opened without
+/// following a link, and its mode and owner are set through that
+/// descriptor. Returns the held directory, in which the socket is bound.
+pub fn secure_run_dir(config: &Config) -> Result<HeldDir, SocketError> {
+    let io = |source| SocketError::RunDir {
+        path: config.run_dir.clone(),
+        source,
+    };
+    let (Some(parent), Some(name)) = (config.run_dir.parent(), config.run_dir.file_name()) else {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the run directory needs a parent",
+        )));
+    };
+    if !parent.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(parent)
+            .map_err(io)?;
+    }
+    let parent = HeldDir::open_trusted(parent).map_err(io)?;
+    let me = Owner {
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    };
+    if let Some(st) = parent.stat(name).map_err(io)? {
+        if st.kind != EntryKind::Dir {
+            return Err(SocketError::NotADirectory {
+                path: config.run_dir.clone(),
+            });
+        }
+    }
+    let dir = parent.ensure_dir(name, RUN_DIR_MODE, me).map_err(io)?;
+    let st = dir.stat_self().map_err(io)?;
+    // Mode before owner: once it belongs to someone else, a chmod would need
+    // CAP_FOWNER. The broker's host directory may arrive owned by a host uid
+    // that is the desktop user's uid in here; root must own it so the
+    // desktop user cannot replace the socket.
+    if st.mode != RUN_DIR_MODE {
+        dir.chmod(RUN_DIR_MODE).map_err(io)?;
+    }
+    if (st.uid, st.gid) != (me.uid, me.gid) {
+        dir.chown(me).map_err(io)?;
+    }
+    Ok(dir)
+}
+
+/// What sits at a name, for messages.
+fn kind_name(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::Dir => "directory",
+        EntryKind::Symlink => "symbolic link",
+        EntryKind::File => "regular file",
+        EntryKind::Other => "special file",
+    }
+}
+
+/// Secures the run directory (root-owned, 0700), removes whatever sits at
+/// the socket's name (a stale socket, a link, a file, a directory: never
+/// followed), binds a fresh socket beneath the held directory and sets it to
+/// 0600.
 pub fn bind(config: &Config) -> Result<BoundSocket, SocketError> {
-    let dir = &config.run_dir;
-    secure_run_dir(dir).map_err(|source| SocketError::RunDir {
-        path: dir.clone(),
-        source,
-    })?;
+    let dir = secure_run_dir(config)?;
     let path = config.socket_path();
-    remove_stale_socket(&path)?;
-    let listener = UnixListener::bind(&path).map_err(|source| SocketError::Bind {
+    let name = OsStr::new(dormouse_protocol::SOCKET_FILE_NAME);
+    if let Some(st) = dir.stat(name).map_err(|source| SocketError::RemoveStale {
+        path: path.clone(),
+        source,
+    })? {
+        if st.kind != EntryKind::Other {
+            tracing::warn!(path = %path.display(), kind = kind_name(st.kind),
+                "removing what sits at the socket path (not followed)");
+        }
+        dir.remove_tree(name)
+            .map_err(|source| SocketError::RemoveStale {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    // Bound beneath the held directory: the path through its descriptor
+    // names that very directory, whatever was renamed meanwhile.
+    let beneath = PathBuf::from(format!("/proc/self/fd/{}", dir.fd().as_raw_fd())).join(name);
+    let listener = UnixListener::bind(&beneath).map_err(|source| SocketError::Bind {
         path: path.clone(),
         source,
     })?;
-    // The directory is 0700 already, so the moment between bind and chmod
-    // exposes nothing.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(
-        |source| SocketError::Permissions {
-            path: path.clone(),
-            source,
-        },
-    )?;
-    let meta = std::fs::symlink_metadata(&path).map_err(|source| SocketError::Bind {
+    // The directory is 0700 and root's, so the moment between bind and
+    // chmod exposes nothing, and nobody but root can swap the entry.
+    let socket = nix::fcntl::openat(
+        dir.fd(),
+        name,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| SocketError::Bind {
         path: path.clone(),
-        source,
+        source: e.into(),
     })?;
+    let meta = nix::sys::stat::fstat(&socket).map_err(|e| SocketError::Bind {
+        path: path.clone(),
+        source: e.into(),
+    })?;
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", socket.as_raw_fd()));
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&by_fd, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(
+            |source| SocketError::Permissions {
+                path: path.clone(),
+                source,
+            },
+        )?;
+    }
     Ok(BoundSocket {
         listener,
+        dir,
         path,
-        dev_ino: (meta.dev(), meta.ino()),
-    })
-}
-
-fn secure_run_dir(dir: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists and is not a directory",
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).create(dir)?;
-        }
-        Err(e) => return Err(e),
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(RUN_DIR_MODE))?;
-    let meta = std::fs::symlink_metadata(dir)?;
-    if meta.uid() != 0 || meta.gid() != 0 {
-        // The broker's host directory may arrive owned by a host uid that is
-        // the desktop user's uid in here; root must own it so the desktop
-        // user cannot replace the socket. Without CAP_CHOWN (a developer
-        // running unprivileged) the 0700 mode still keeps others out.
-        if let Err(e) = std::os::unix::fs::chown(dir, Some(0), Some(0)) {
-            tracing::warn!(dir = %dir.display(), owner = meta.uid(), error = %e,
-                "cannot make the run directory root-owned");
-        }
-    }
-    Ok(())
-}
-
-fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(SocketError::RemoveStale {
-                path: path.into(),
-                source,
-            })
-        }
-    };
-    let kind = meta.file_type();
-    if !kind.is_socket() {
-        let kind = if kind.is_symlink() {
-            "symbolic link"
-        } else if kind.is_dir() {
-            "directory"
-        } else if kind.is_file() {
-            "regular file"
-        } else {
-            "special file"
-        };
-        return Err(SocketError::Occupied {
-            path: path.into(),
-            kind,
-        });
-    }
-    std::fs::remove_file(path).map_err(|source| SocketError::RemoveStale {
-        path: path.into(),
-        source,
+        dev_ino: (meta.st_dev, meta.st_ino),
     })
 }
 
@@ -285,8 +337,6 @@ fn refuse_busy(stream: &UnixStream) {
 enum ReadError {
     #[error(transparent)]
     Frame(#[from] FrameError),
-    #[error("request message of {0} bytes exceeds the limit of {MAX_REQUEST_LEN}")]
-    RequestTooLarge(u32),
     #[error("requests carry no payload, this one announced {0} bytes")]
     UnexpectedPayload(u32),
     #[error("the rest of the frame did not arrive within {0:?}")]
@@ -297,9 +347,7 @@ impl ReadError {
     /// The stable code sent in [`Response::Error`].
     fn code(&self) -> &'static str {
         match self {
-            Self::Frame(FrameError::MessageTooLarge { .. }) | Self::RequestTooLarge(_) => {
-                "message_too_large"
-            }
+            Self::Frame(FrameError::MessageTooLarge { .. }) => "message_too_large",
             Self::Frame(FrameError::PayloadTooLarge { .. }) | Self::UnexpectedPayload(_) => {
                 "payload_too_large"
             }
@@ -319,72 +367,34 @@ async fn read_request<R: AsyncRead + Unpin>(
     idle: Duration,
     io: Duration,
 ) -> Result<Option<Request>, ReadError> {
-    let mut head = [0u8; HEADER_LEN];
-    let first = match timeout(idle, r.read(&mut head)).await {
-        Err(_) => return Ok(None),
-        Ok(Ok(0)) => return Ok(None),
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => return Err(FrameError::Io(e).into()),
-    };
     // From the first byte on, the whole frame has one deadline: a client
     // cannot trickle bytes to hold the connection.
-    let deadline = Instant::now() + io;
-    read_exact_by(r, &mut head, first, deadline, io).await?;
-    let header = FrameHeader::parse(head)?;
-    if header.message_len > MAX_REQUEST_LEN {
-        return Err(ReadError::RequestTooLarge(header.message_len));
+    let limits = ReadLimits {
+        max_message: MAX_REQUEST_LEN,
+        max_payload: 0,
+        ..ReadLimits::new(Some(idle), io)
+    };
+    match stream::read_frame::<Request, _>(r, &limits).await {
+        Ok(frame) => Ok(Some(frame.message)),
+        Err(StreamError::Idle(_) | StreamError::Frame(FrameError::Closed)) => Ok(None),
+        Err(StreamError::Frame(e)) => Err(e.into()),
+        Err(StreamError::Stalled(_) | StreamError::WriteStalled(_)) => Err(ReadError::Timeout(io)),
+        Err(StreamError::UnexpectedPayload { len, .. }) => Err(ReadError::UnexpectedPayload(len)),
     }
-    if header.payload_len != 0 {
-        return Err(ReadError::UnexpectedPayload(header.payload_len));
-    }
-    let mut json = vec![0u8; header.message_len as usize];
-    read_exact_by(r, &mut json, 0, deadline, io).await?;
-    Ok(Some(frame::decode_message::<Request>(&json)?))
 }
 
-async fn read_exact_by<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut [u8],
-    mut filled: usize,
-    deadline: Instant,
-    io: Duration,
-) -> Result<(), ReadError> {
-    while filled < buf.len() {
-        match timeout_at(deadline, r.read(&mut buf[filled..])).await {
-            Err(_) => return Err(ReadError::Timeout(io)),
-            Ok(Ok(0)) => {
-                return Err(FrameError::Truncated {
-                    expected: buf.len(),
-                    got: filled,
-                }
-                .into())
-            }
-            Ok(Ok(n)) => filled += n,
-            Ok(Err(e)) => return Err(FrameError::Io(e).into()),
-        }
-    }
-    Ok(())
-}
-
-/// Writes one response within the I/O bound. The payload is written after
-/// the message rather than copied into one buffer with it: a screenshot is
-/// the largest thing the supervisor ever holds.
+/// Writes one response within the I/O bound (the payload after the
+/// message, never copied into one buffer with it: a screenshot is the
+/// largest thing the supervisor ever holds).
 async fn write_response<W: AsyncWrite + Unpin>(
     w: &mut W,
     response: &Response,
     payload: &[u8],
     io: Duration,
 ) -> Result<(), FrameError> {
-    let message = frame::encode_head(response, payload.len())?;
-    let write = async {
-        w.write_all(&message).await?;
-        if !payload.is_empty() {
-            w.write_all(payload).await?;
-        }
-        w.flush().await
-    };
-    match timeout(io, write).await {
-        Ok(result) => Ok(result?),
+    match stream::write_frame(w, response, payload, io).await {
+        Ok(()) => Ok(()),
+        Err(StreamError::Frame(e)) => Err(e),
         Err(_) => Err(FrameError::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "client did not read in time",
@@ -430,34 +440,36 @@ async fn serve_connection(stream: UnixStream, shared: &Shared) {
     }
 }
 
-/// Serves one request other than `watch`.
+/// A typed answer as a response without a payload.
+fn reply(answer: impl Answer) -> (Response, Vec<u8>) {
+    (answer.into_response(), Vec::new())
+}
+
+/// Serves one request other than `watch`: the supervisor's handler of each
+/// request of the declaration ([`dormouse_protocol::guest`]); a new request
+/// is a new arm here, answering with the type the declaration names.
 async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
     match request {
-        Request::Hello => (
-            Response::Hello(Hello {
-                protocol_version: PROTOCOL_VERSION,
-                supervisor_version: env!("CARGO_PKG_VERSION").to_owned(),
-                identity: shared.cell.identity().clone(),
-            }),
-            Vec::new(),
-        ),
-        Request::Status | Request::Watch => (Response::Status(shared.cell.snapshot()), Vec::new()),
+        Request::Hello => reply(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            supervisor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            identity: shared.cell.identity().clone(),
+        }),
+        Request::Status | Request::Watch => reply(shared.cell.snapshot()),
         Request::Screenshot => match crate::screenshot::capture(&shared.config).await {
             Ok(shot) => {
                 tracing::debug!(
                     width = shot.width,
                     height = shot.height,
                     bytes = shot.png.len(),
-                    elapsed_ms = shot.elapsed.as_millis() as u64,
+                    elapsed_ms = crate::millis(shot.elapsed),
                     "screenshot"
                 );
-                (
-                    Response::Screenshot {
-                        width: shot.width,
-                        height: shot.height,
-                    },
-                    shot.png,
-                )
+                let info = ScreenshotInfo {
+                    width: shot.width,
+                    height: shot.height,
+                };
+                (info.into_response(), shot.png)
             }
             Err(e) => (
                 Response::error("screenshot_failed", e.to_string()),
@@ -465,10 +477,7 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
             ),
         },
         Request::Quiesce { timeout_ms } => (quiesce(timeout_ms, shared).await, Vec::new()),
-        Request::Activity => (
-            Response::Activity(crate::activity::sample(&shared.config).await),
-            Vec::new(),
-        ),
+        Request::Activity => reply(crate::activity::sample(&shared.config).await),
     }
 }
 
@@ -483,7 +492,7 @@ async fn quiesce(timeout_ms: u64, shared: &Shared) -> Response {
         Response::Quiesced(Quiesced {
             closed: Vec::new(),
             complete: false,
-            elapsed_ms: started.elapsed().as_millis() as u64,
+            elapsed_ms: crate::millis(started.elapsed()),
         })
     };
     let (reply, answer) = oneshot::channel();
@@ -542,10 +551,17 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dormouse_protocol::frame::HEADER_LEN;
     use dormouse_protocol::frame::{frame_unchecked, Frame};
+    use dormouse_protocol::FrameHeader;
     use dormouse_protocol::{
         ContainerStartIdentity, Phase, ServiceRunState, ServiceState, MAX_HEADER_LEN,
     };
+    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+    use std::path::Path;
+    use tokio::io::AsyncWriteExt as _;
+    use tokio::time::timeout;
 
     /// A hang guard for reads in tests; not a speed assertion.
     const GUARD: Duration = Duration::from_secs(20);
@@ -693,7 +709,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stale_socket_is_replaced_but_nothing_else_is() {
+    async fn whatever_sits_at_the_socket_path_is_replaced_without_being_followed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = Config {
             run_dir: dir.path().join("run"),
@@ -709,36 +725,89 @@ mod tests {
             "dropping the server removes its socket"
         );
 
-        // A symlink is never followed nor replaced.
+        // A symlink (to a file, to a directory, to another live socket), a
+        // regular file, a directory with contents: each is removed, never
+        // followed, and a fresh socket is served in its place.
         let victim = dir.path().join("victim");
         std::fs::write(&victim, "keep").expect("victim");
-        std::os::unix::fs::symlink(&victim, config.socket_path()).expect("symlink");
-        let err = bind(&config).expect_err("symlink refused");
-        assert!(
-            matches!(
-                err,
-                SocketError::Occupied {
-                    kind: "symbolic link",
-                    ..
-                }
+        let victim_dir = dir.path().join("victim-dir");
+        std::fs::create_dir(&victim_dir).expect("victim dir");
+        std::fs::write(victim_dir.join("inside"), "keep").expect("inside");
+        let other = dir.path().join("other.sock");
+        let _other = std::os::unix::net::UnixListener::bind(&other).expect("other");
+        type Plant<'a> = Box<dyn Fn(&Path) + 'a>;
+        let plant: Vec<(&str, Plant)> = vec![
+            (
+                "link to a file",
+                Box::new(|p| symlink(&victim, p).expect("link")),
             ),
-            "{err}"
-        );
-        assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "keep");
-        std::fs::remove_file(config.socket_path()).expect("rm link");
+            (
+                "link to a dir",
+                Box::new(|p| symlink(&victim_dir, p).expect("link")),
+            ),
+            (
+                "link to a socket",
+                Box::new(|p| symlink(&other, p).expect("link")),
+            ),
+            (
+                "regular file",
+                Box::new(|p| std::fs::write(p, "a file").expect("file")),
+            ),
+            (
+                "directory",
+                Box::new(|p| {
+                    std::fs::create_dir(p).expect("dir");
+                    std::fs::write(p.join("x"), "x").expect("inside");
+                }),
+            ),
+        ];
+        for (what, plant) in plant {
+            plant(&config.socket_path());
+            let bound = bind(&config).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let meta = std::fs::symlink_metadata(config.socket_path()).expect("socket");
+            assert!(meta.file_type().is_socket(), "{what}: a fresh socket");
+            assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE, "{what}");
+            let client = std::os::unix::net::UnixStream::connect(config.socket_path())
+                .unwrap_or_else(|e| panic!("{what}: connect: {e}"));
+            drop(client);
+            assert!(
+                bound.listener.accept().await.is_ok(),
+                "{what}: served by the fresh socket"
+            );
+            drop(bound);
+            assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "keep");
+            assert_eq!(
+                std::fs::read_to_string(victim_dir.join("inside")).expect("inside"),
+                "keep"
+            );
+            assert!(std::fs::symlink_metadata(&other)
+                .expect("other socket")
+                .file_type()
+                .is_socket());
+        }
+    }
 
-        std::fs::write(config.socket_path(), "a file").expect("file");
-        let err = bind(&config).expect_err("file refused");
-        assert!(
-            matches!(
-                err,
-                SocketError::Occupied {
-                    kind: "regular file",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+    #[test]
+    fn run_dir_is_root_only_and_a_planted_link_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = crate::config::test_support::test_config(dir.path());
+        std::fs::create_dir_all(&config.run_dir).expect("mkdir");
+        std::fs::set_permissions(&config.run_dir, std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        secure_run_dir(&config).expect("secure");
+        let meta = std::fs::metadata(&config.run_dir).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+
+        std::fs::remove_dir(&config.run_dir).expect("rmdir");
+        symlink(dir.path(), &config.run_dir).expect("link");
+        assert!(matches!(
+            secure_run_dir(&config),
+            Err(SocketError::NotADirectory { .. })
+        ));
+        assert!(matches!(
+            bind(&config),
+            Err(SocketError::NotADirectory { .. })
+        ));
     }
 
     #[tokio::test]
@@ -818,7 +887,7 @@ mod tests {
         let with_payload = {
             let json = br#"{"v":1,"kind":"hello"}"#;
             let mut b = FrameHeader {
-                message_len: json.len() as u32,
+                message_len: u32::try_from(json.len()).expect("small"),
                 payload_len: 1 << 20,
             }
             .to_bytes()

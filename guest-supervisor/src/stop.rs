@@ -12,7 +12,7 @@
 //! never touches processes of other users, and never kills before asking.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,14 +21,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
-use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
-use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
-use crate::procfs::{self, Stat};
+use crate::procfs::{self, ProcessInfo, Stat};
 use crate::services::Services;
-use crate::x_client::{self, XError};
+use crate::x_client;
 
 /// Command names (`/proc/<pid>/comm`) of browser processes.
 const BROWSER_COMMS: &[&str] = &[
@@ -40,53 +37,13 @@ const BROWSER_COMMS: &[&str] = &[
     "firefox-bin",
 ];
 
-/// One process as seen in procfs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessInfo {
-    /// Process id.
-    pub pid: u32,
-    /// Parent's id.
-    pub ppid: u32,
-    /// Process group id.
-    pub pgid: u32,
-    /// Real uid.
-    pub uid: u32,
-    /// Command name.
-    pub comm: String,
-}
-
-/// Every live (not zombie) process in `proc_root`.
-pub fn processes(proc_root: &Path) -> std::io::Result<Vec<ProcessInfo>> {
-    // A process may vanish between readdir and read: skip it.
-    let mut all: Vec<ProcessInfo> = procfs::pid_dirs(proc_root)?
-        .filter_map(|(pid, dir)| read_process(&dir, pid))
-        .collect();
-    all.sort_by_key(|p| p.pid);
-    Ok(all)
-}
-
-fn read_process(dir: &Path, pid: u32) -> Option<ProcessInfo> {
-    let text = std::fs::read_to_string(dir.join("stat")).ok()?;
-    let stat = Stat::parse(&text)?;
-    if !stat.is_live() {
-        return None;
-    }
-    Some(ProcessInfo {
-        pid,
-        ppid: stat.number(Stat::PPID)?,
-        pgid: stat.number(Stat::PGRP)?,
-        uid: procfs::real_uid(dir)?,
-        comm: stat.comm().to_owned(),
-    })
-}
-
 /// The desktop user's processes; when `ancestor` is given, only its
 /// descendants.
 pub fn desktop_processes(
     config: &Config,
     ancestor: Option<u32>,
 ) -> std::io::Result<Vec<ProcessInfo>> {
-    let all = processes(&config.proc_root)?;
+    let all = procfs::processes(&config.proc_root)?;
     let parents: BTreeMap<u32, u32> = all.iter().map(|p| (p.pid, p.ppid)).collect();
     let descends = |mut pid: u32| {
         let Some(root) = ancestor else { return true };
@@ -175,7 +132,7 @@ pub async fn close_browsers(
     };
     let ((mut closed, ours_complete), (user_closed, user_complete)) = tokio::join!(ours, user);
     closed.extend(user_closed);
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let elapsed_ms = crate::millis(started.elapsed());
     tracing::info!(
         ?closed,
         complete = ours_complete && user_complete,
@@ -191,30 +148,31 @@ pub async fn close_browsers(
 
 /// Closes the processes `pids` (browser main processes): their windows
 /// first, then one SIGTERM each for those still running after half of
-/// `bound`. `true` if all exited within `bound`.
+/// `bound`, sent through a pidfd opened while the process was known alive.
+/// `true` if all exited within `bound`.
 pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> bool {
     if pids.is_empty() {
         return true;
     }
     let deadline = Instant::now() + bound;
-    let asked = close_windows_of(config, pids, bound / 4).await;
+    // Held from here on: a pid that ends and is reused meanwhile is never
+    // signalled, its pidfd still names the process that was closed.
+    let held = Held::all(&config.proc_root, pids);
+    let asked = x_client::close_windows_of(config, pids, bound / 4).await;
     if asked > 0 {
         tracing::info!(?pids, windows = asked, "asked browser windows to close");
         let half = deadline.saturating_duration_since(Instant::now()) / 2;
-        if wait_gone(&config.proc_root, pids, half).await {
+        if wait_all(&config.proc_root, &held, half).await {
             return true;
         }
     }
-    let left: Vec<u32> = pids
-        .iter()
-        .copied()
-        .filter(|&pid| alive(&config.proc_root, pid))
-        .collect();
-    for &pid in &left {
-        tracing::info!(pid, "asking a browser to quit (SIGTERM)");
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+    let (left, _gone): (Vec<Held>, Vec<Held>) =
+        held.into_iter().partition(|h| h.alive(&config.proc_root));
+    for h in &left {
+        tracing::info!(pid = h.pid, "asking a browser to quit (SIGTERM)");
+        h.signal(Signal::SIGTERM);
     }
-    wait_gone(
+    wait_all(
         &config.proc_root,
         &left,
         deadline.saturating_duration_since(Instant::now()),
@@ -222,75 +180,110 @@ pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> b
     .await
 }
 
-/// Sends `WM_DELETE_WINDOW` to every top-level window whose `_NET_WM_PID`
-/// is one of `pids`, as the close button of a title bar does. Returns how
-/// many windows were asked (0 also when X does not answer within `bound`).
-pub async fn close_windows_of(config: &Config, pids: &[u32], bound: Duration) -> usize {
-    let pids: BTreeSet<u32> = pids.iter().copied().collect();
-    match x_client::with_display(config, bound, move |conn, screen| {
-        ask_to_close(conn, screen, &pids)
-    })
-    .await
-    {
-        Ok(asked) => asked,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot close windows through X");
-            0
+/// One process held while it was known alive: by a pidfd where the kernel
+/// gives one (signals and the wait for its exit then go to that very
+/// process, never to a reused pid), else by pid number.
+#[derive(Debug)]
+pub struct Held {
+    /// Its pid (for messages and the procfs fallback).
+    pub pid: u32,
+    pidfd: Option<OwnedFd>,
+}
+
+impl Held {
+    /// Holds `pid` if it is alive now: opens its pidfd, then checks in procfs
+    /// that the pid still is a live process (so the pidfd cannot name a
+    /// process that took over the number). `None` when it is gone.
+    pub fn new(proc_root: &Path, pid: u32) -> Option<Self> {
+        match pidfd_open(pid) {
+            Ok(fd) => {
+                let held = Self {
+                    pid,
+                    pidfd: Some(fd),
+                };
+                held.alive(proc_root).then_some(held)
+            }
+            Err(nix::errno::Errno::ESRCH) => None,
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "no pidfd; signalling by pid");
+                alive(proc_root, pid).then_some(Self { pid, pidfd: None })
+            }
         }
+    }
+
+    /// Holds every live one of `pids`.
+    pub fn all(proc_root: &Path, pids: &[u32]) -> Vec<Self> {
+        pids.iter()
+            .filter_map(|&pid| Self::new(proc_root, pid))
+            .collect()
+    }
+
+    /// Whether it still runs: its pidfd is not readable yet (or, without a
+    /// pidfd, procfs says so).
+    pub fn alive(&self, proc_root: &Path) -> bool {
+        match &self.pidfd {
+            Some(fd) => {
+                let mut poll = [nix::poll::PollFd::new(
+                    fd.as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                match nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(_) => alive(proc_root, self.pid),
+                }
+            }
+            None => alive(proc_root, self.pid),
+        }
+    }
+
+    /// Sends `signal`: through the pidfd (a process that has ended gets
+    /// nothing, and nothing else gets it), or by pid without one.
+    pub fn signal(&self, signal: Signal) {
+        match &self.pidfd {
+            Some(fd) => {
+                if let Err(e) = pidfd_send_signal(fd, signal) {
+                    tracing::debug!(pid = self.pid, error = %e, "signal not delivered");
+                }
+            }
+            None => {
+                if let Ok(pid) = i32::try_from(self.pid) {
+                    let _ = kill(Pid::from_raw(pid), signal);
+                }
+            }
+        }
+    }
+
+    /// Waits for its exit: its pidfd becomes readable (or, without one,
+    /// procfs says it has exited).
+    async fn wait(&self, proc_root: &Path) {
+        if let Some(fd) = &self.pidfd {
+            match fd.try_clone() {
+                // SAFETY: the AsyncFd owns the cloned OwnedFd, so the
+                // descriptor stays open and the same for the AsyncFd's life.
+                Ok(fd) => match unsafe {
+                    AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+                } {
+                    Ok(fd) => {
+                        let _ = fd.readable().await;
+                        return;
+                    }
+                    Err(e) => tracing::debug!(pid = self.pid, error = %e, "cannot watch pidfd"),
+                },
+                Err(e) => tracing::debug!(pid = self.pid, error = %e, "cannot watch pidfd"),
+            }
+        }
+        wait_in_procfs(proc_root, self.pid).await;
     }
 }
 
-fn ask_to_close(
-    conn: &RustConnection,
-    screen: usize,
-    pids: &BTreeSet<u32>,
-) -> Result<usize, XError> {
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
-        .root;
-    let client_list = x_client::atom(conn, b"_NET_CLIENT_LIST")?;
-    let wm_pid = x_client::atom(conn, b"_NET_WM_PID")?;
-    let protocols = x_client::atom(conn, b"WM_PROTOCOLS")?;
-    let delete = x_client::atom(conn, b"WM_DELETE_WINDOW")?;
-    // The window manager's list of managed windows; without one, the
-    // children of the root are the top-level windows.
-    let listed = conn
-        .get_property(false, root, client_list, AtomEnum::WINDOW, 0, 4096)?
-        .reply()?;
-    let mut windows: Vec<u32> = listed.value32().map(Iterator::collect).unwrap_or_default();
-    if windows.is_empty() {
-        windows = conn.query_tree(root)?.reply()?.children;
-    }
-    let mut asked = 0;
-    for window in windows {
-        // A window may vanish meanwhile (BadWindow): skip it.
-        let Ok(reply) = conn
-            .get_property(false, window, wm_pid, AtomEnum::CARDINAL, 0, 1)?
-            .reply()
-        else {
-            continue;
-        };
-        let Some(pid) = reply.value32().and_then(|mut v| v.next()) else {
-            continue;
-        };
-        if !pids.contains(&pid) {
-            continue;
-        }
-        let event = ClientMessageEvent::new(
-            32,
-            window,
-            protocols,
-            [delete, x11rb::CURRENT_TIME, 0, 0, 0],
-        );
-        conn.send_event(false, window, EventMask::NO_EVENT, event)?;
-        asked += 1;
-    }
-    // A round trip: every event is delivered before the connection closes.
-    conn.get_input_focus()?.reply()?;
-    Ok(asked)
+/// Waits until every held process has exited, at most `bound`. `true` if
+/// all did.
+async fn wait_all(proc_root: &Path, held: &[Held], bound: Duration) -> bool {
+    let waits = held.iter().map(|h| h.wait(proc_root));
+    tokio::time::timeout(bound, futures_join_all(waits))
+        .await
+        .is_ok()
 }
 
 /// Whether `pid` is alive (not gone, not a zombie).
@@ -300,7 +293,8 @@ fn alive(proc_root: &Path, pid: u32) -> bool {
 }
 
 /// Ends every desktop process still alive: SIGTERM, then SIGKILL for those
-/// still there after `grace`. Returns how many were found.
+/// still there after `grace`, both through pidfds opened while each process
+/// was known alive. Returns how many were found.
 pub async fn end_stragglers(config: &Config, is_pid1: bool, grace: Duration) -> usize {
     let procs = match desktop_processes(config, scope(is_pid1)) {
         Ok(procs) => procs,
@@ -312,14 +306,17 @@ pub async fn end_stragglers(config: &Config, is_pid1: bool, grace: Duration) -> 
     if procs.is_empty() {
         return 0;
     }
+    let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+    let held = Held::all(&config.proc_root, &pids);
     for p in &procs {
         tracing::info!(pid = p.pid, comm = %p.comm, "ending straggler");
-        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGTERM);
     }
-    let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
-    if !wait_gone(&config.proc_root, &pids, grace).await {
-        for pid in &pids {
-            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+    for h in &held {
+        h.signal(Signal::SIGTERM);
+    }
+    if !wait_all(&config.proc_root, &held, grace).await {
+        for h in &held {
+            h.signal(Signal::SIGKILL);
         }
     }
     procs.len()
@@ -327,31 +324,12 @@ pub async fn end_stragglers(config: &Config, is_pid1: bool, grace: Duration) -> 
 
 /// Waits until every pid has exited, at most `bound`. `true` if all did.
 pub async fn wait_gone(proc_root: &Path, pids: &[u32], bound: Duration) -> bool {
-    let waits = pids.iter().map(|&pid| wait_exit(proc_root, pid));
-    tokio::time::timeout(bound, futures_join_all(waits))
-        .await
-        .is_ok()
+    wait_all(proc_root, &Held::all(proc_root, pids), bound).await
 }
 
-/// Waits for the exit of a process that need not be our child: by pidfd
-/// (readable once it has exited), or — where the kernel or a seccomp
-/// profile refuses pidfds — by looking at procfs every 20 ms.
-async fn wait_exit(proc_root: &Path, pid: u32) {
-    match pidfd_open(pid) {
-        Ok(fd) => {
-            // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays
-            // open and the same for the AsyncFd's whole life.
-            match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
-                Ok(fd) => {
-                    let _ = fd.readable().await;
-                    return;
-                }
-                Err(e) => tracing::debug!(pid, error = %e, "cannot watch pidfd"),
-            }
-        }
-        Err(nix::errno::Errno::ESRCH) => return,
-        Err(e) => tracing::debug!(pid, error = %e, "no pidfd; watching procfs"),
-    }
+/// Waits for `pid` to exit by looking at procfs every 20 ms, where the
+/// kernel or a seccomp profile refuses pidfds.
+async fn wait_in_procfs(proc_root: &Path, pid: u32) {
     let stat = proc_root.join(pid.to_string()).join("stat");
     loop {
         match std::fs::read_to_string(&stat) {
@@ -367,14 +345,34 @@ async fn wait_exit(proc_root: &Path, pid: u32) {
 }
 
 fn pidfd_open(pid: u32) -> nix::Result<OwnedFd> {
+    let pid = nix::libc::pid_t::try_from(pid).map_err(|_| nix::errno::Errno::ESRCH)?;
     // SAFETY: pidfd_open takes two integers and touches no memory of ours.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         return Err(nix::errno::Errno::last());
     }
     let fd = i32::try_from(fd).map_err(|_| nix::errno::Errno::EBADF)?;
     // SAFETY: the kernel just returned this descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pidfd_send_signal(fd: &OwnedFd, signal: Signal) -> nix::Result<()> {
+    let info: *const nix::libc::siginfo_t = std::ptr::null();
+    // SAFETY: the descriptor is open (borrowed for the call), the signal is
+    // a valid number, a null siginfo means "as kill(2) would", flags are 0.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            signal as nix::libc::c_int,
+            info,
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
 }
 
 /// Awaits all futures concurrently (a tiny `join_all`, so the supervisor
@@ -449,5 +447,38 @@ mod tests {
         // Pid numbers this high are never in use on a default pid_max.
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(wait_gone(dir.path(), &[4_000_000, 4_000_001], Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn a_held_process_is_signalled_through_its_pidfd_and_never_after_its_end() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let proc_root = Path::new("/proc");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let held = Held::new(proc_root, child.id()).expect("alive");
+        assert!(held.alive(proc_root));
+        held.signal(Signal::SIGTERM);
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc_sigterm()));
+        // Reaped: the pid number may now be anyone's. The pidfd still names
+        // the process that ended, so nothing is signalled.
+        assert!(!held.alive(proc_root));
+        if let Some(fd) = &held.pidfd {
+            assert_eq!(
+                pidfd_send_signal(fd, Signal::SIGTERM),
+                Err(nix::errno::Errno::ESRCH)
+            );
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), held.wait(proc_root))
+                .await
+                .is_ok()
+        );
+    }
+
+    fn libc_sigterm() -> i32 {
+        Signal::SIGTERM as i32
     }
 }

@@ -7,13 +7,17 @@
 //! socket down when the bound passes, which wakes that `poll` and ends the
 //! thread. This module must never leave a thread stuck on a hung X server, nor
 //! keep a connection open between uses (an idle connection is memory and a
-//! file descriptor the 4 MiB supervisor does not need).
+//! file descriptor the 4 MiB supervisor does not need). Closing windows the
+//! way a title bar's close button does (`WM_DELETE_WINDOW`) lives here too:
+//! it is X client work, whoever asks for it (a stop, a service restart).
 
+use std::collections::BTreeSet;
 use std::net::Shutdown;
 use std::time::Duration;
 
+use x11rb::connection::Connection as _;
 use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
-use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use crate::config::Config;
@@ -163,6 +167,77 @@ pub fn wm_state(conn: &RustConnection, root: u32, check: u32) -> Result<WmState,
     })()
     .unwrap_or(None);
     Ok(WmState::Present { window, name })
+}
+
+/// Sends `WM_DELETE_WINDOW` to every top-level window whose `_NET_WM_PID`
+/// is one of `pids`, as the close button of a title bar does. Returns how
+/// many windows were asked (0 also when X does not answer within `bound`).
+pub async fn close_windows_of(config: &Config, pids: &[u32], bound: Duration) -> usize {
+    let pids: BTreeSet<u32> = pids.iter().copied().collect();
+    match with_display(config, bound, move |conn, screen| {
+        ask_to_close(conn, screen, &pids)
+    })
+    .await
+    {
+        Ok(asked) => asked,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot close windows through X");
+            0
+        }
+    }
+}
+
+fn ask_to_close(
+    conn: &RustConnection,
+    screen: usize,
+    pids: &BTreeSet<u32>,
+) -> Result<usize, XError> {
+    let root = conn
+        .setup()
+        .roots
+        .get(screen)
+        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
+        .root;
+    let client_list = atom(conn, b"_NET_CLIENT_LIST")?;
+    let wm_pid = atom(conn, b"_NET_WM_PID")?;
+    let protocols = atom(conn, b"WM_PROTOCOLS")?;
+    let delete = atom(conn, b"WM_DELETE_WINDOW")?;
+    // The window manager's list of managed windows; without one, the
+    // children of the root are the top-level windows.
+    let listed = conn
+        .get_property(false, root, client_list, AtomEnum::WINDOW, 0, 4096)?
+        .reply()?;
+    let mut windows: Vec<u32> = listed.value32().map(Iterator::collect).unwrap_or_default();
+    if windows.is_empty() {
+        windows = conn.query_tree(root)?.reply()?.children;
+    }
+    let mut asked = 0;
+    for window in windows {
+        // A window may vanish meanwhile (BadWindow): skip it.
+        let Ok(reply) = conn
+            .get_property(false, window, wm_pid, AtomEnum::CARDINAL, 0, 1)?
+            .reply()
+        else {
+            continue;
+        };
+        let Some(pid) = reply.value32().and_then(|mut v| v.next()) else {
+            continue;
+        };
+        if !pids.contains(&pid) {
+            continue;
+        }
+        let event = ClientMessageEvent::new(
+            32,
+            window,
+            protocols,
+            [delete, x11rb::CURRENT_TIME, 0, 0, 0],
+        );
+        conn.send_event(false, window, EventMask::NO_EVENT, event)?;
+        asked += 1;
+    }
+    // A round trip: every event is delivered before the connection closes.
+    conn.get_input_focus()?.reply()?;
+    Ok(asked)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! `DORMOUSE_TEST_SUPERVISOR_BIN=<path>` bind-mounts another supervisor
 //! binary over the image's (for iterating without rebuilding the image).
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

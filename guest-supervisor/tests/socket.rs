@@ -13,7 +13,7 @@
 //! Waiting is event-driven (see `support`); its deadlines are hang guards,
 //! not speed assertions.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
@@ -242,4 +242,70 @@ async fn bad_frames_close_only_their_connection_and_fifty_clients_are_served() {
     }
     assert_eq!(served, 50);
     assert_eq!(bystander.identity().await, id);
+}
+
+/// A guest root (or anything) leaves a symlink, then a regular file, then a
+/// directory at the socket path while the desktop is stopped: each next
+/// start removes it without following it, binds a fresh socket and becomes
+/// ready. Before, the supervisor refused to replace it and ran without a
+/// socket, and the desktop stayed unreachable for good.
+#[tokio::test]
+async fn whatever_is_left_at_the_socket_path_does_not_outlive_a_restart() {
+    let Some(desktop) = Desktop::create("whatever_is_left_at_the_socket_path") else {
+        return;
+    };
+    let mut client = desktop.start().await;
+    client.watch_until_ready(&desktop).await;
+    drop(client);
+    let victim = tempfile::tempdir().expect("victim dir");
+    let kept = victim.path().join("kept");
+    std::fs::write(&kept, "keep").expect("victim file");
+    let socket = desktop.socket();
+    type Plant = Box<dyn Fn(&std::path::Path)>;
+    let plants: Vec<(&str, Plant)> = vec![
+        ("a symlink", {
+            let kept = kept.clone();
+            Box::new(move |p| std::os::unix::fs::symlink(&kept, p).expect("link"))
+        }),
+        (
+            "a regular file",
+            Box::new(|p| std::fs::write(p, "planted").expect("file")),
+        ),
+        (
+            "a directory",
+            Box::new(|p| {
+                std::fs::create_dir(p).expect("dir");
+                std::fs::write(p.join("inside"), "x").expect("inside");
+            }),
+        ),
+    ];
+    for (what, plant) in plants {
+        docker_ok(&["stop", desktop.name()]);
+        match std::fs::symlink_metadata(&socket) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&socket).expect("rm"),
+            Ok(_) => std::fs::remove_file(&socket).expect("rm"),
+            Err(_) => {}
+        }
+        plant(&socket);
+        let mut client = desktop.start().await;
+        let statuses = client.watch_until_ready(&desktop).await;
+        assert!(
+            statuses.last().is_some_and(|s| s.ready),
+            "{what}: not ready; logs:\n{}",
+            desktop.logs()
+        );
+        use std::os::unix::fs::FileTypeExt as _;
+        assert!(
+            std::fs::symlink_metadata(&socket)
+                .expect("socket")
+                .file_type()
+                .is_socket(),
+            "{what}: a fresh socket in its place"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&kept).expect("victim"),
+            "keep",
+            "{what}: never followed"
+        );
+    }
 }

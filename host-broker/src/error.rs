@@ -152,7 +152,6 @@ fn guest_message(e: &GuestError) -> String {
         GuestError::WrongOwner { .. } => {
             "the supervisor socket has the wrong owner, refused".into()
         }
-        GuestError::Replaced(_) => "the supervisor socket changed while connecting, refused".into(),
         GuestError::Connect(_) => "cannot connect to the supervisor".into(),
         GuestError::Timeout(d, what) => format!("no answer within {d:?} ({what})"),
         GuestError::Frame(_) => "bad frame from the supervisor".into(),

@@ -2,27 +2,34 @@
 //! (`<data>/computers/<id>/run/supervisor.sock`, bind-mounted from the guest's
 //! `/run/dormouse`).
 //!
-//! Everything from the guest is hostile input. Before connecting, the socket
-//! path is `lstat`ed: it must be a socket, not a symlink, owned by root or by
-//! the broker's own uid (a guest could otherwise point the broker at any
-//! socket on the host). After connecting, the peer's credentials are checked
-//! the same way. Every read and write has a deadline, every frame is bounded
-//! by [`FrameHeader::parse`] *before* anything is allocated, and every message
-//! is schema-checked ([`frame::decode_message`]). A misbehaving guest yields a
-//! [`GuestError`] that degrades its own computer; nothing here may panic or
-//! block the broker.
+//! Everything from the guest is hostile input. The guest's root controls
+//! the entries of the run directory and can swap the socket for a symlink
+//! at any moment, so the socket is never reached by path: the run directory
+//! is opened once per connect, the socket is opened beneath it with
+//! `O_PATH | O_NOFOLLOW`, `fstat`ed (a socket, not a symlink, owned by root
+//! or by the broker's own uid), and the connect goes to that very inode
+//! through `/proc/self/fd/N` ([`RunDir::connect`]). After connecting, the
+//! peer's credentials are checked the same way. Every read and write has a
+//! deadline, every frame is bounded *before* anything is allocated
+//! ([`stream::read_frame`]), every message is schema-checked, and every
+//! string and list in it is escaped and capped on arrival
+//! ([`Taming::GUEST`]). A misbehaving guest yields a [`GuestError`] that
+//! degrades its own computer; nothing here may panic or block the broker.
 
+use std::ffi::OsString;
 use std::future::Future;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dormouse_protocol::frame::{self, Frame, HEADER_LEN};
+use dormouse_protocol::frame::{self, Frame, Taming};
+use dormouse_protocol::stream::{self, ReadLimits, StreamError};
 use dormouse_protocol::{
-    Activity, FrameError, FrameHeader, GuestStatus, Hello, Quiesced, Request, Response,
+    call, Activity, Answer, Call, FrameError, GuestStatus, Hello, Quiesced, Request, Response,
     PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use nix::fcntl::OFlag;
+use nix::sys::stat::{Mode, SFlag};
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
@@ -57,9 +64,6 @@ pub enum GuestError {
         /// Who may own it.
         expected: Vec<u32>,
     },
-    /// The socket was replaced between the check and the connect.
-    #[error("{0} changed while connecting, refused")]
-    Replaced(PathBuf),
     /// Connecting failed (refused: nobody listens yet).
     #[error("connect: {0}")]
     Connect(std::io::Error),
@@ -103,24 +107,39 @@ impl GuestError {
             _ => false,
         }
     }
+
+    fn from_stream(e: StreamError) -> Self {
+        match e {
+            StreamError::Frame(e) => Self::Frame(e),
+            StreamError::Idle(wait) => Self::Timeout(wait, "answer"),
+            StreamError::Stalled(_) => Self::Timeout(FRAME_BODY_TIMEOUT, "rest of a frame"),
+            StreamError::WriteStalled(wait) => Self::Timeout(wait, "write"),
+            StreamError::UnexpectedPayload { kind, len } => Self::Frame(FrameError::Malformed(
+                format!("unexpected {len}-byte payload on {kind}"),
+            )),
+        }
+    }
 }
 
-/// Guest-controlled text, shortened and stripped of control characters
-/// before it reaches logs or the API.
+/// Guest-controlled text, escaped (control and format characters written
+/// out, never passed through) and shortened before it reaches logs or the
+/// API. Messages are tamed like this on arrival already; this is for text
+/// the broker composes around them.
 pub fn sanitize(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).take(300).collect()
+    frame::escape_text(text, Taming::GUEST.max_bytes)
 }
 
-/// The supervisor socket of one computer and who may own it.
+/// A directory whose entries a guest controls (the run directory), and who
+/// may own the sockets in it.
 #[derive(Debug, Clone)]
-pub struct GuestSocket {
+pub struct RunDir {
     path: PathBuf,
     allowed_uids: Vec<u32>,
 }
 
-impl GuestSocket {
-    /// The socket at `path`, which may be owned by root or by this process's
-    /// effective uid.
+impl RunDir {
+    /// The directory at `path`; its sockets may be owned by root or by this
+    /// process's effective uid.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         let mut allowed_uids = vec![0];
         let me = nix::unistd::geteuid().as_raw();
@@ -133,49 +152,70 @@ impl GuestSocket {
         }
     }
 
-    /// The socket path.
+    /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// `lstat`s the path: a socket, not a symlink, with an expected owner.
-    /// Returns (device, inode) to compare after connecting.
-    pub fn check(&self) -> Result<(u64, u64), GuestError> {
-        let meta = match std::fs::symlink_metadata(&self.path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(GuestError::Missing(self.path.clone()))
-            }
-            Err(e) => return Err(GuestError::Connect(e)),
-        };
-        let kind = meta.file_type();
-        if kind.is_symlink() {
-            return Err(GuestError::Symlink(self.path.clone()));
+    /// Opens the socket `name` beneath the directory without following a
+    /// link (`O_PATH | O_NOFOLLOW` on the directory and the entry) and checks
+    /// it by `fstat`: a socket with an expected owner. The returned
+    /// descriptor is that inode, whatever the guest renames afterwards.
+    pub fn open_socket(
+        &self,
+        name: &str,
+    ) -> Result<(OwnedFd, nix::sys::stat::FileStat), GuestError> {
+        let shown = self.path.join(name);
+        let io = |e: nix::errno::Errno| std::io::Error::from_raw_os_error(e as i32);
+        let dir = nix::fcntl::open(
+            &self.path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ENOENT => GuestError::Missing(shown.clone()),
+            e => GuestError::Connect(io(e)),
+        })?;
+        let fd = nix::fcntl::openat(
+            &dir,
+            name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ENOENT => GuestError::Missing(shown.clone()),
+            e => GuestError::Connect(io(e)),
+        })?;
+        let meta = nix::sys::stat::fstat(&fd).map_err(|e| GuestError::Connect(io(e)))?;
+        let kind = SFlag::from_bits_truncate(meta.st_mode & SFlag::S_IFMT.bits());
+        if kind == SFlag::S_IFLNK {
+            return Err(GuestError::Symlink(shown));
         }
-        if !kind.is_socket() {
-            return Err(GuestError::NotASocket(self.path.clone()));
+        if kind != SFlag::S_IFSOCK {
+            return Err(GuestError::NotASocket(shown));
         }
-        if !self.allowed_uids.contains(&meta.uid()) {
+        if !self.allowed_uids.contains(&meta.st_uid) {
             return Err(GuestError::WrongOwner {
-                what: self.path.display().to_string(),
-                uid: meta.uid(),
+                what: shown.display().to_string(),
+                uid: meta.st_uid,
                 expected: self.allowed_uids.clone(),
             });
         }
-        Ok((meta.dev(), meta.ino()))
+        Ok((fd, meta))
     }
 
-    /// Checks the path, connects with a deadline, then checks that the path
-    /// still is the socket it was and that the peer has an expected uid.
-    pub async fn connect(&self) -> Result<GuestConnection, GuestError> {
-        let before = self.check()?;
-        let stream = timeout(CONNECT_TIMEOUT, UnixStream::connect(&self.path))
+    /// Connects to the socket `name` beneath the directory, race-free: to
+    /// the inode [`RunDir::open_socket`] opened and checked, through
+    /// `/proc/self/fd/N`, so a link swapped in at any moment is never
+    /// followed. Then checks the peer's uid. Bounded by [`CONNECT_TIMEOUT`].
+    pub async fn connect(&self, name: &str) -> Result<UnixStream, GuestError> {
+        let (fd, _) = self.open_socket(name)?;
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let stream = timeout(CONNECT_TIMEOUT, UnixStream::connect(&by_fd))
             .await
             .map_err(|_| GuestError::Timeout(CONNECT_TIMEOUT, "connect"))?
             .map_err(GuestError::Connect)?;
-        if self.check()? != before {
-            return Err(GuestError::Replaced(self.path.clone()));
-        }
+        drop(fd);
         let peer = stream.peer_cred().map_err(GuestError::Connect)?;
         if !self.allowed_uids.contains(&peer.uid()) {
             return Err(GuestError::WrongOwner {
@@ -184,6 +224,57 @@ impl GuestSocket {
                 expected: self.allowed_uids.clone(),
             });
         }
+        Ok(stream)
+    }
+}
+
+/// The supervisor socket of one computer and who may own it.
+#[derive(Debug, Clone)]
+pub struct GuestSocket {
+    path: PathBuf,
+    dir: RunDir,
+    name: OsString,
+}
+
+impl GuestSocket {
+    /// The socket at `path`, which may be owned by root or by this process's
+    /// effective uid.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().map(OsString::from).unwrap_or_default();
+        Self {
+            dir: RunDir::new(dir),
+            name,
+            path,
+        }
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn name(&self) -> Result<&str, GuestError> {
+        self.name
+            .to_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| GuestError::NotASocket(self.path.clone()))
+    }
+
+    /// Opens the socket without following links and checks it: a socket,
+    /// not a symlink, with an expected owner. Returns (device, inode).
+    pub fn check(&self) -> Result<(u64, u64), GuestError> {
+        let (_, meta) = self.dir.open_socket(self.name()?)?;
+        Ok((meta.st_dev, meta.st_ino))
+    }
+
+    /// Connects race-free (see [`RunDir::connect`]).
+    pub async fn connect(&self) -> Result<GuestConnection, GuestError> {
+        let stream = self.dir.connect(self.name()?).await?;
         Ok(GuestConnection { stream })
     }
 }
@@ -196,110 +287,63 @@ pub struct GuestConnection {
 
 impl GuestConnection {
     async fn send(&mut self, request: &Request) -> Result<(), GuestError> {
-        let bytes = frame::encode(request, &[])?;
-        timeout(REQUEST_TIMEOUT, self.stream.write_all(&bytes))
+        stream::write_frame(&mut self.stream, request, &[], REQUEST_TIMEOUT)
             .await
-            .map_err(|_| GuestError::Timeout(REQUEST_TIMEOUT, "write"))?
-            .map_err(|e| GuestError::Frame(FrameError::Io(e)))
+            .map_err(GuestError::from_stream)
     }
 
-    /// Reads one frame. `wait` bounds the wait for its first byte (`None`:
-    /// wait as long as it takes, for `watch`); the rest of the frame always
-    /// has [`FRAME_BODY_TIMEOUT`]. A payload is accepted only on screenshots.
+    /// Reads one frame, tamed. `wait` bounds the wait for its first byte
+    /// (`None`: wait as long as it takes, for `watch`); the rest of the
+    /// frame always has [`FRAME_BODY_TIMEOUT`]. A payload is accepted only
+    /// on a response that may carry one.
     async fn receive(&mut self, wait: Option<Duration>) -> Result<Frame<Response>, GuestError> {
-        let mut head = [0u8; HEADER_LEN];
-        let first = match wait {
-            Some(limit) => timeout(limit, self.stream.read(&mut head))
-                .await
-                .map_err(|_| GuestError::Timeout(limit, "answer"))?,
-            None => self.stream.read(&mut head).await,
-        }
-        .map_err(|e| GuestError::Frame(FrameError::Io(e)))?;
-        if first == 0 {
-            return Err(GuestError::Frame(FrameError::Closed));
-        }
-        let deadline = Instant::now() + FRAME_BODY_TIMEOUT;
-        self.fill(&mut head[first..], deadline, HEADER_LEN).await?;
-        let header = FrameHeader::parse(head)?;
-        let mut json = vec![0u8; header.message_len as usize];
-        self.fill(&mut json, deadline, header.message_len as usize)
-            .await?;
-        let message: Response = frame::decode_message(&json)?;
-        if header.payload_len > 0 && !matches!(message, Response::Screenshot { .. }) {
-            return Err(GuestError::Frame(FrameError::Malformed(format!(
-                "unexpected {}-byte payload",
-                header.payload_len
-            ))));
-        }
-        let mut payload = vec![0u8; header.payload_len as usize];
-        self.fill(&mut payload, deadline, header.payload_len as usize)
-            .await?;
-        Ok(Frame { message, payload })
+        let limits = ReadLimits {
+            taming: Some(Taming::GUEST),
+            ..ReadLimits::new(wait, FRAME_BODY_TIMEOUT)
+        };
+        stream::read_frame(&mut self.stream, &limits)
+            .await
+            .map_err(GuestError::from_stream)
     }
 
-    async fn fill(
-        &mut self,
-        buf: &mut [u8],
-        deadline: Instant,
-        expected: usize,
-    ) -> Result<(), GuestError> {
-        let already = expected - buf.len();
-        match tokio::time::timeout_at(deadline, self.stream.read_exact(buf)).await {
-            Err(_) => Err(GuestError::Timeout(FRAME_BODY_TIMEOUT, "rest of a frame")),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err(GuestError::Frame(FrameError::Truncated {
-                    expected,
-                    got: already,
-                }))
-            }
-            Ok(Err(e)) => Err(GuestError::Frame(FrameError::Io(e))),
-            Ok(Ok(_)) => Ok(()),
-        }
+    /// Sends `request` and waits up to [`REQUEST_TIMEOUT`] for its answer.
+    pub async fn call<C: Call>(&mut self, request: C) -> Result<Frame<C::Answer>, GuestError> {
+        self.call_within(request, REQUEST_TIMEOUT).await
     }
 
-    async fn ask(
+    /// Sends `request` and waits up to `wait` for its answer: of the kind
+    /// the declaration gives it ([`Call::Answer`]); an error answer is
+    /// [`GuestError::Refused`], any other kind [`GuestError::Unexpected`].
+    pub async fn call_within<C: Call>(
         &mut self,
-        request: &Request,
+        request: C,
         wait: Duration,
-    ) -> Result<Frame<Response>, GuestError> {
-        self.send(request).await?;
+    ) -> Result<Frame<C::Answer>, GuestError> {
+        self.send(&request.into()).await?;
         let answer = self.receive(Some(wait)).await?;
-        if let Response::Error { code, message } = &answer.message {
-            return Err(GuestError::Refused {
-                code: sanitize(code),
-                message: sanitize(message),
-            });
-        }
-        Ok(answer)
+        Ok(Frame {
+            message: typed::<C::Answer>(C::KIND, answer.message)?,
+            payload: answer.payload,
+        })
     }
 
     /// Versions and container-start identity; refuses a newer protocol.
     pub async fn hello(&mut self) -> Result<Hello, GuestError> {
-        match self.ask(&Request::Hello, REQUEST_TIMEOUT).await?.message {
-            Response::Hello(hello) => {
-                if hello.protocol_version == 0 || hello.protocol_version > PROTOCOL_VERSION {
-                    return Err(GuestError::Incompatible(hello.protocol_version));
-                }
-                Ok(hello)
-            }
-            other => Err(unexpected("hello", &other)),
+        let hello = self.call(call::Hello).await?.message;
+        if hello.protocol_version == 0 || hello.protocol_version > PROTOCOL_VERSION {
+            return Err(GuestError::Incompatible(hello.protocol_version));
         }
+        Ok(hello)
     }
 
     /// The guest's status now.
     pub async fn status(&mut self) -> Result<GuestStatus, GuestError> {
-        match self.ask(&Request::Status, REQUEST_TIMEOUT).await?.message {
-            Response::Status(status) => Ok(status),
-            other => Err(unexpected("status", &other)),
-        }
+        Ok(self.call(call::Status).await?.message)
     }
 
     /// Input idle time and busy processes.
     pub async fn activity(&mut self) -> Result<Activity, GuestError> {
-        match self.ask(&Request::Activity, REQUEST_TIMEOUT).await?.message {
-            Response::Activity(activity) => Ok(activity),
-            other => Err(unexpected("activity", &other)),
-        }
+        Ok(self.call(call::Activity).await?.message)
     }
 
     /// Asks the guest to close browsers cleanly, within `limit`.
@@ -307,49 +351,44 @@ impl GuestConnection {
         let timeout_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         // The guest keeps to `limit`; allow it a little to answer after that.
         let wait = limit + Duration::from_secs(1);
-        match self
-            .ask(&Request::Quiesce { timeout_ms }, wait)
+        Ok(self
+            .call_within(call::Quiesce { timeout_ms }, wait)
             .await?
-            .message
-        {
-            Response::Quiesced(done) => Ok(done),
-            other => Err(unexpected("quiesce", &other)),
-        }
+            .message)
     }
 
     /// A PNG of the whole screen.
     pub async fn screenshot(&mut self) -> Result<Vec<u8>, GuestError> {
-        let answer = self.ask(&Request::Screenshot, SCREENSHOT_TIMEOUT).await?;
-        match answer.message {
-            Response::Screenshot { .. } if answer.payload.starts_with(b"\x89PNG\r\n\x1a\n") => {
-                Ok(answer.payload)
-            }
-            Response::Screenshot { .. } => Err(GuestError::Frame(FrameError::Malformed(
+        let answer = self
+            .call_within(call::Screenshot, SCREENSHOT_TIMEOUT)
+            .await?;
+        if !answer.payload.starts_with(b"\x89PNG\r\n\x1a\n") {
+            return Err(GuestError::Frame(FrameError::Malformed(
                 "screenshot payload is not a PNG".into(),
-            ))),
-            other => Err(unexpected("screenshot", &other)),
+            )));
         }
+        Ok(answer.payload)
     }
 
     /// Turns the connection into a `watch` stream.
     pub async fn watch(mut self) -> Result<GuestWatch, GuestError> {
-        self.send(&Request::Watch).await?;
+        self.send(&call::Watch.into()).await?;
         Ok(GuestWatch { conn: self })
     }
 }
 
-fn unexpected(to: &'static str, got: &Response) -> GuestError {
-    let got = match got {
-        Response::Hello(_) => "hello",
-        Response::Status(_) => "status",
-        Response::Screenshot { .. } => "screenshot",
-        Response::Quiesced(_) => "quiesced",
-        Response::Activity(_) => "activity",
-        Response::Error { .. } => "error",
-    };
-    GuestError::Unexpected {
-        to,
-        got: got.into(),
+/// The answer `A` to the request of kind `to`, or why `response` is not one.
+fn typed<A: Answer>(to: &'static str, response: Response) -> Result<A, GuestError> {
+    match A::from_response(response) {
+        Ok(answer) => Ok(answer),
+        Err(Response::Error { code, message }) => Err(GuestError::Refused {
+            code: sanitize(&code),
+            message: sanitize(&message),
+        }),
+        Err(other) => Err(GuestError::Unexpected {
+            to,
+            got: other.kind().into(),
+        }),
     }
 }
 
@@ -363,14 +402,7 @@ impl GuestWatch {
     /// The next status; waits as long as the guest is quiet.
     pub async fn next(&mut self) -> Result<GuestStatus, GuestError> {
         let answer = self.conn.receive(None).await?;
-        match answer.message {
-            Response::Status(status) => Ok(status),
-            Response::Error { code, message } => Err(GuestError::Refused {
-                code: sanitize(&code),
-                message: sanitize(&message),
-            }),
-            other => Err(unexpected("watch", &other)),
-        }
+        typed::<<call::Watch as Call>::Answer>(<call::Watch as Call>::KIND, answer.message)
     }
 }
 
@@ -406,18 +438,31 @@ pub enum GuestUpdate {
     GaveUp(String),
 }
 
+/// The pause before reconnecting after the `n`-th trouble in a row (a
+/// protocol error, or a clean close that brought no status): 200 ms, then
+/// doubling up to 5 s, so a guest that keeps breaking or hanging up cannot
+/// make the broker spin.
+fn retry_pause(n: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1u32 << n.min(6))
+        .min(Duration::from_secs(5))
+}
+
 /// Follows one running container's supervisor: connects (retrying while the
 /// guest boots, for at most `connect_within`), greets, then streams every
 /// status the guest pushes to `emit`. When the connection breaks it reports
-/// the reason and starts over. Ends when `emit` returns `false` or when the
-/// guest cannot be reached within `connect_within` of a (re)connect attempt.
-/// The owner aborts it when the container stops.
+/// the reason and starts over; after a clean close that brought no status
+/// (a guest that hangs up right after `watch`) it pauses first, longer each
+/// time in a row. Ends when `emit` returns `false` or when the guest cannot
+/// be reached within `connect_within` of a (re)connect attempt. The owner
+/// aborts it when the container stops.
 pub async fn follow<F, Fut>(socket: GuestSocket, connect_within: Duration, mut emit: F)
 where
     F: FnMut(GuestUpdate) -> Fut,
     Fut: Future<Output = bool>,
 {
     let mut failures: u32 = 0;
+    let mut quiet_closes: u32 = 0;
     loop {
         let begun = Instant::now();
         let deadline = begun + connect_within;
@@ -446,6 +491,7 @@ where
             }
         };
         let Some(mut conn) = conn else { return };
+        let mut statuses = 0u32;
         let outcome: Result<(), GuestError> = async {
             let hello = conn.hello().await?;
             if !emit(GuestUpdate::Connected(hello)).await {
@@ -455,6 +501,8 @@ where
             loop {
                 let status = watch.next().await?;
                 failures = 0;
+                quiet_closes = 0;
+                statuses = statuses.saturating_add(1);
                 if !emit(GuestUpdate::Status(status)).await {
                     return Ok(());
                 }
@@ -467,18 +515,17 @@ where
                 if !emit(GuestUpdate::Closed).await {
                     return;
                 }
+                if statuses == 0 {
+                    quiet_closes = quiet_closes.saturating_add(1);
+                    tokio::time::sleep(retry_pause(quiet_closes)).await;
+                }
             }
             Err(e) => {
                 if !emit(GuestUpdate::Lost(e.to_string())).await {
                     return;
                 }
-                // A guest that keeps breaking the protocol is retried ever
-                // more slowly, so it cannot make the broker spin.
                 failures = failures.saturating_add(1);
-                let wait = Duration::from_millis(100)
-                    .saturating_mul(1u32 << failures.min(6))
-                    .min(Duration::from_secs(5));
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(retry_pause(failures)).await;
             }
         }
     }
@@ -488,7 +535,8 @@ where
 pub(crate) mod tests {
     use std::os::unix::fs::symlink;
 
-    use dormouse_protocol::{ContainerStartIdentity, Phase};
+    use dormouse_protocol::{ContainerStartIdentity, FrameHeader, Phase};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::UnixListener;
 
     use super::*;
@@ -615,8 +663,11 @@ pub(crate) mod tests {
         let path = dir.path().join("supervisor.sock");
         let _listener = UnixListener::bind(&path).expect("bind");
         let socket = GuestSocket {
-            path: path.clone(),
-            allowed_uids: vec![4242],
+            dir: RunDir {
+                path: dir.path().to_owned(),
+                allowed_uids: vec![4242],
+            },
+            ..GuestSocket::new(&path)
         };
         let err = socket.connect().await.expect_err("refused");
         assert!(matches!(err, GuestError::WrongOwner { uid, .. } if uid != 4242));
@@ -728,5 +779,219 @@ pub(crate) mod tests {
         assert!(matches!(rx.recv().await, Some(GuestUpdate::Status(s)) if !s.ready));
         assert!(matches!(rx.recv().await, Some(GuestUpdate::Status(s)) if s.ready));
         follower.abort();
+    }
+
+    #[tokio::test]
+    async fn guest_text_is_escaped_and_capped_on_arrival() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("supervisor.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let evil = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{202e}x\n2026 INFO dormouse::access: forged \
+                    😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈\
+                    😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈😈";
+        let mut hostile = status(false);
+        hostile.problem = Some(format!("{evil}{}", "y".repeat(10_000)));
+        hostile.identity.boot_id = evil.into();
+        hostile.services = (0..80)
+            .map(|i| dormouse_protocol::ServiceState {
+                name: format!("{evil}{i}"),
+                state: dormouse_protocol::ServiceRunState::Failed,
+                pid: None,
+                restarts: 0,
+                last_exit: Some(evil.into()),
+                ready_since: None,
+            })
+            .collect();
+        hostile.health = Some(dormouse_protocol::HealthReport::from_checks(
+            (0..80)
+                .map(|_| {
+                    dormouse_protocol::Check::new(evil, dormouse_protocol::CheckStatus::Fail, evil)
+                })
+                .collect(),
+            chrono::Utc::now(),
+        ));
+        let reply = frame::encode(&Response::Status(hostile), &[]).expect("encode");
+        let sent = reply.len();
+        assert!(sent < dormouse_protocol::MAX_HEADER_LEN as usize, "{sent}");
+        tokio::spawn(serve_once(listener, move |req| match req {
+            Request::Status => reply.clone(),
+            _ => frame::encode(&Response::error(evil, evil), &[]).expect("encode"),
+        }));
+        let mut conn = GuestSocket::new(&path).connect().await.expect("connect");
+        let got = conn.status().await.expect("status");
+        let clean = |s: &str| {
+            assert!(
+                !s.chars().any(frame::is_hazardous),
+                "a hazardous character survived: {s:?}"
+            );
+            assert!(s.len() <= 300, "{} bytes", s.len());
+        };
+        clean(got.problem.as_deref().expect("problem"));
+        clean(&got.identity.boot_id);
+        assert!(got.services.len() <= 32, "{} services", got.services.len());
+        for service in &got.services {
+            clean(&service.name);
+            clean(service.last_exit.as_deref().expect("last exit"));
+        }
+        let health = got.health.as_ref().expect("health");
+        assert!(health.checks.len() <= 32, "{} checks", health.checks.len());
+        for check in &health.checks {
+            clean(&check.name);
+            clean(&check.detail);
+        }
+        let stored = serde_json::to_vec(&got).expect("json").len();
+        println!("a hostile status of {sent} bytes is kept as {stored} bytes");
+        assert!(stored < 48 * 1024, "{stored} bytes kept");
+        match conn.hello().await {
+            Err(GuestError::Refused { code, message }) => {
+                clean(&code);
+                clean(&message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A guest root swaps its socket with a symlink to a trap socket as
+    /// fast as it can while the broker connects: no connection may reach the
+    /// trap.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_swapped_for_a_link_never_leads_to_the_link() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = dir.path().join("run");
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&run).expect("run");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        let path = run.join("supervisor.sock");
+        let real = UnixListener::bind(&path).expect("bind");
+        let trap = UnixListener::bind(elsewhere.join("trap.sock")).expect("trap");
+        symlink(elsewhere.join("trap.sock"), run.join("link")).expect("link");
+        let counter = |listener: UnixListener| {
+            let count = Arc::new(AtomicUsize::new(0));
+            let seen = Arc::clone(&count);
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    drop(stream);
+                }
+            });
+            count
+        };
+        let real_count = counter(real);
+        let trap_count = counter(trap);
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = std::thread::spawn({
+            let stop = Arc::clone(&stop);
+            let run = std::fs::File::open(&run).expect("run dir");
+            move || {
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    nix::fcntl::renameat2(
+                        &run,
+                        "supervisor.sock",
+                        &run,
+                        "link",
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .expect("exchange");
+                    swaps += 1;
+                }
+                swaps
+            }
+        });
+        let socket = GuestSocket::new(&path);
+        let (mut connected, mut refused, mut other, mut attempts) = (0, 0, 0, 0);
+        // Hundreds of connects, until both outcomes were seen often enough
+        // (the scheduler decides how the two threads interleave).
+        while attempts < 500 || ((connected < 50 || refused < 50) && attempts < 20_000) {
+            attempts += 1;
+            match socket.connect().await {
+                Ok(conn) => {
+                    connected += 1;
+                    drop(conn);
+                }
+                Err(GuestError::Symlink(_)) => refused += 1,
+                Err(e) => {
+                    other += 1;
+                    eprintln!("other outcome: {e}");
+                }
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        let swaps = swapper.join().expect("swapper");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let trapped = trap_count.load(Ordering::SeqCst);
+        println!(
+            "{attempts} connects during {swaps} swaps: {connected} to the socket, {refused} \
+             refused as a link, {other} other errors, {trapped} through the link"
+        );
+        assert_eq!(trapped, 0, "connections reached the trap through the link");
+        assert!(
+            connected > 0 && refused > 0,
+            "the race was not exercised: {connected} connected, {refused} refused"
+        );
+        assert_eq!(other, 0, "no other outcome");
+        let served = Instant::now() + Duration::from_secs(5);
+        while real_count.load(Ordering::SeqCst) < connected && Instant::now() < served {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(real_count.load(Ordering::SeqCst), connected);
+    }
+
+    /// A guest that hangs up right after `watch`, every time: the follower
+    /// pauses, longer each time, instead of reconnecting at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_follower_backs_off_from_a_guest_that_hangs_up_without_a_status() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("supervisor.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (times_tx, mut times_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = times_tx.send(Instant::now());
+                let mut buf = Vec::new();
+                'conn: loop {
+                    let mut chunk = [0u8; 512];
+                    let Ok(n) = stream.read(&mut chunk).await else {
+                        break;
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some((frame, used)) = frame::decode::<Request>(&buf).expect("decode")
+                    {
+                        buf.drain(..used);
+                        match frame.message {
+                            Request::Hello => {
+                                stream.write_all(&hello_frame()).await.expect("hello");
+                            }
+                            _ => break 'conn, // watch: hang up at once
+                        }
+                    }
+                }
+            }
+        });
+        let follower = tokio::spawn(follow(
+            GuestSocket::new(&path),
+            Duration::from_secs(5),
+            |_| async { true },
+        ));
+        let mut times = Vec::new();
+        while times.len() < 8 {
+            times.push(times_rx.recv().await.expect("a connection"));
+        }
+        follower.abort();
+        let span = times[7] - times[0];
+        let gaps: Vec<_> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        println!("8 connections over {span:?}: gaps {gaps:?}");
+        assert!(
+            span >= Duration::from_secs(10),
+            "reconnected 7 times within {span:?}"
+        );
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
     }
 }

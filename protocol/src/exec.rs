@@ -426,6 +426,16 @@ impl PtyInput {
 
 impl Message for PtyInput {
     const KINDS: &'static [&'static str] = &["pty_data", "pty_resize", "pty_close"];
+    fn payload_allowed(&self) -> bool {
+        false
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::PtyData { .. } => "pty_data",
+            Self::PtyResize { .. } => "pty_resize",
+            Self::PtyClose => "pty_close",
+        }
+    }
 }
 
 /// What the guest sends on an open terminal session.
@@ -452,6 +462,15 @@ pub enum PtyEvent {
 
 impl Message for PtyEvent {
     const KINDS: &'static [&'static str] = &["pty_output", "pty_exit"];
+    fn payload_allowed(&self) -> bool {
+        false
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::PtyOutput { .. } => "pty_output",
+            Self::PtyExit { .. } => "pty_exit",
+        }
+    }
 }
 
 fn bounded(field: &'static str, len: usize, max: usize) -> Result<(), ExecRequestError> {

@@ -84,14 +84,31 @@ pub enum FrameError {
 pub trait Message: Serialize + DeserializeOwned {
     /// Every `kind` tag the type understands.
     const KINDS: &'static [&'static str];
+    /// Whether this message may come with a binary payload; a reader refuses
+    /// a payload on any other before reading it.
+    fn payload_allowed(&self) -> bool;
+    /// This message's `kind` tag.
+    fn kind(&self) -> &'static str;
 }
 
 impl Message for Request {
     const KINDS: &'static [&'static str] = Request::KINDS;
+    fn payload_allowed(&self) -> bool {
+        Request::payload_allowed(self)
+    }
+    fn kind(&self) -> &'static str {
+        Request::kind(self)
+    }
 }
 
 impl Message for Response {
     const KINDS: &'static [&'static str] = Response::KINDS;
+    fn payload_allowed(&self) -> bool {
+        Response::payload_allowed(self)
+    }
+    fn kind(&self) -> &'static str {
+        Response::kind(self)
+    }
 }
 
 /// The validated fixed header of a frame.
@@ -191,8 +208,108 @@ fn head_bytes(json: &[u8], payload_len: usize) -> Vec<u8> {
     out
 }
 
+/// Bounds a receiver puts on the text a hostile peer sends: every string of
+/// a message is escaped ([`escape_text`]) and cut to `max_bytes`, every list
+/// cut to `max_items`, before the message is typed. The shape (and thus the
+/// meaning of every field) stays; only its size and its control characters
+/// go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taming {
+    /// Longest string kept, in UTF-8 bytes after escaping.
+    pub max_bytes: usize,
+    /// Most items kept of any list.
+    pub max_items: usize,
+}
+
+impl Taming {
+    /// What the broker keeps of a guest's messages: 300 bytes per string,
+    /// 32 items per list (a status has 4–5 services and about 25 checks).
+    /// A status so tamed holds at most 131 strings (identity, problem,
+    /// schema version, 2 per service, 2 per check): about 40 KB of text
+    /// and 5 KB of structure, whatever the guest sends.
+    pub const GUEST: Taming = Taming {
+        max_bytes: 300,
+        max_items: 32,
+    };
+}
+
+/// Whether `c` could steer a terminal or forge a log line: a control
+/// character, or a Unicode format character that reorders or hides text
+/// (bidi embeddings, overrides and isolates, zero-width characters, the
+/// byte-order mark).
+pub fn is_hazardous(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// `text` with every [`is_hazardous`] character written as its Rust escape
+/// (`\u{1b}`, `\n`), cut to at most `max_bytes` bytes (at a character
+/// boundary, never inside an escape).
+pub fn escape_text(text: &str, max_bytes: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if is_hazardous(c) {
+            let escaped: String = c.escape_default().collect();
+            if out.len() + escaped.len() > max_bytes {
+                break;
+            }
+            out.push_str(&escaped);
+        } else {
+            if out.len() + c.len_utf8() > max_bytes {
+                break;
+            }
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Applies `taming` to every string and list in `value`.
+pub fn tame(value: &mut serde_json::Value, taming: &Taming) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            if s.len() > taming.max_bytes || s.chars().any(is_hazardous) {
+                *s = escape_text(s, taming.max_bytes);
+            }
+        }
+        Value::Array(items) => {
+            items.truncate(taming.max_items);
+            for item in items {
+                tame(item, taming);
+            }
+        }
+        // Keys stay: typed messages have fixed field names, and serde drops
+        // the keys it does not know.
+        Value::Object(map) => {
+            for v in map.values_mut() {
+                tame(v, taming);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
 /// Decodes the JSON part of a frame: checks `v` and `kind`, then the fields.
 pub fn decode_message<M: Message>(json: &[u8]) -> Result<M, FrameError> {
+    decode_message_tamed(json, None)
+}
+
+/// [`decode_message`], with every string and list of the message bounded
+/// by `taming` (when given) before it is typed.
+pub fn decode_message_tamed<M: Message>(
+    json: &[u8],
+    taming: Option<&Taming>,
+) -> Result<M, FrameError> {
     let mut value: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| FrameError::Malformed(e.to_string()))?;
     let object = value
@@ -214,7 +331,10 @@ pub fn decode_message<M: Message>(json: &[u8]) -> Result<M, FrameError> {
         .and_then(|k| k.as_str())
         .ok_or_else(|| FrameError::Malformed("missing string \"kind\"".into()))?;
     if !M::KINDS.contains(&kind) {
-        return Err(FrameError::UnknownKind(kind.chars().take(64).collect()));
+        return Err(FrameError::UnknownKind(escape_text(kind, 64)));
+    }
+    if let Some(taming) = taming {
+        tame(&mut value, taming);
     }
     serde_json::from_value(value).map_err(|e| FrameError::Malformed(e.to_string()))
 }
@@ -480,5 +600,32 @@ mod tests {
             let err = decode::<Request>(&raw(json, &[])).expect_err(json);
             assert!(matches!(err, FrameError::Malformed(_)), "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn tamed_messages_keep_their_shape_and_lose_their_hazards() {
+        let json = br#"{"v":1,"kind":"activity","input_idle_ms":1,"busy":true,
+            "busy_processes":[
+              {"pid":1,"comm":"\u001b]0;owned\u0007\u202eevil","cpu_percent":1.0},
+              {"pid":2,"comm":"b","cpu_percent":1.0},
+              {"pid":3,"comm":"c","cpu_percent":1.0}]}"#;
+        let taming = Taming {
+            max_bytes: 12,
+            max_items: 2,
+        };
+        let Response::Activity(a) = decode_message_tamed(json, Some(&taming)).expect("decode")
+        else {
+            panic!("kind");
+        };
+        assert_eq!(a.busy_processes.len(), 2);
+        let comm = &a.busy_processes[0].comm;
+        assert!(!comm.chars().any(is_hazardous), "{comm:?}");
+        assert!(comm.starts_with("\\u{1b}]0;"), "{comm:?}");
+        assert!(comm.len() <= 12);
+        assert_eq!(escape_text("ééé", 5), "éé", "cut at a character boundary");
+        assert_eq!(escape_text("a\u{7}b", 300), "a\\u{7}b");
+        assert_eq!(escape_text("ok", 300), "ok");
+        // Escapes are never cut in half.
+        assert_eq!(escape_text("ab\u{1b}", 4), "ab");
     }
 }

@@ -4,6 +4,11 @@
 //! reads one [`Response`] per request, in order. `watch` turns the connection
 //! into a stream: the supervisor then pushes a [`Response::Status`] on every
 //! change until the client hangs up.
+//!
+//! This file is the one declaration of the protocol: the message contents
+//! below and the [`guest_protocol!`](crate::guest_protocol) table at its end,
+//! which yields [`Request`], [`Response`], their kinds and one typed
+//! [`call`] per request. It holds no I/O and no policy.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -149,83 +154,115 @@ pub struct Quiesced {
     pub elapsed_ms: u64,
 }
 
-/// A request from a host-side client.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Request {
-    /// Versions and container-start identity.
-    Hello,
-    /// Phase, services, health report.
-    Status,
-    /// Push the status now and on every change until the client hangs up.
-    Watch,
-    /// A PNG of the whole screen, as the frame's binary payload.
-    Screenshot,
-    /// Close browsers cleanly so their profiles flush; answer when done.
-    Quiesce {
-        /// Upper bound the supervisor keeps to.
-        timeout_ms: u64,
-    },
-    /// Input idle time and busy processes.
-    Activity,
+crate::guest_protocol! {
+    requests {
+        /// Versions and container-start identity.
+        "hello" => Hello -> Hello;
+        /// Phase, services, health report.
+        "status" => Status -> GuestStatus;
+        /// Push the status now and on every change until the client hangs up.
+        "watch" => Watch -> GuestStatus;
+        /// A PNG of the whole screen, as the frame's binary payload.
+        "screenshot" => Screenshot -> ScreenshotInfo;
+        /// Close browsers cleanly so their profiles flush; answer when done.
+        "quiesce" => Quiesce {
+            /// Upper bound the supervisor keeps to.
+            timeout_ms: u64,
+        } -> Quiesced;
+        /// Input idle time and busy processes.
+        "activity" => Activity -> Activity;
+    }
+    responses {
+        /// Answer to [`Request::Hello`].
+        "hello" => Hello(Hello);
+        /// Answer to [`Request::Status`] and each item of [`Request::Watch`].
+        "status" => Status(GuestStatus);
+        /// Answer to [`Request::Screenshot`]; the PNG is the frame's payload.
+        "screenshot" => Screenshot {
+            /// Width in pixels.
+            width: u32,
+            /// Height in pixels.
+            height: u32,
+        } as ScreenshotInfo, payload;
+        /// Answer to [`Request::Quiesce`].
+        "quiesced" => Quiesced(Quiesced);
+        /// Answer to [`Request::Activity`].
+        "activity" => Activity(Activity);
+    }
 }
 
-impl Request {
-    /// The `kind` tags this version understands.
-    pub const KINDS: &'static [&'static str] = &[
-        "hello",
-        "status",
-        "watch",
-        "screenshot",
-        "quiesce",
-        "activity",
-    ];
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Answer, Call};
 
-/// A response from the supervisor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Response {
-    /// Answer to [`Request::Hello`].
-    Hello(Hello),
-    /// Answer to [`Request::Status`] and each item of [`Request::Watch`].
-    Status(GuestStatus),
-    /// Answer to [`Request::Screenshot`]; the PNG is the frame's payload.
-    Screenshot {
-        /// Width in pixels.
-        width: u32,
-        /// Height in pixels.
-        height: u32,
-    },
-    /// Answer to [`Request::Quiesce`].
-    Quiesced(Quiesced),
-    /// Answer to [`Request::Activity`].
-    Activity(Activity),
-    /// The request could not be served.
-    Error {
-        /// Stable code, e.g. `bad_frame`, `not_ready`.
-        code: String,
-        /// For people.
-        message: String,
-    },
-}
-
-impl Response {
-    /// The `kind` tags this version understands.
-    pub const KINDS: &'static [&'static str] = &[
-        "hello",
-        "status",
-        "screenshot",
-        "quiesced",
-        "activity",
-        "error",
-    ];
-
-    /// An error response.
-    pub fn error(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Error {
-            code: code.into(),
-            message: message.into(),
+    #[test]
+    fn kinds_follow_the_declaration_in_order() {
+        assert_eq!(
+            Request::KINDS,
+            &[
+                "hello",
+                "status",
+                "watch",
+                "screenshot",
+                "quiesce",
+                "activity"
+            ]
+        );
+        assert_eq!(
+            Response::KINDS,
+            &[
+                "hello",
+                "status",
+                "screenshot",
+                "quiesced",
+                "activity",
+                "error"
+            ]
+        );
+        assert_eq!(Request::Quiesce { timeout_ms: 1 }.kind(), "quiesce");
+        assert_eq!(Response::error("a", "b").kind(), "error");
+        assert!(Response::Screenshot {
+            width: 1,
+            height: 1
         }
+        .payload_allowed());
+        assert!(!Response::error("a", "b").payload_allowed());
+        assert!(!Request::Hello.payload_allowed());
+    }
+
+    #[test]
+    fn each_call_names_its_request_and_its_answer() {
+        assert_eq!(Request::from(call::Hello), Request::Hello);
+        assert_eq!(
+            Request::from(call::Quiesce { timeout_ms: 5 }),
+            Request::Quiesce { timeout_ms: 5 }
+        );
+        assert_eq!(<call::Quiesce as Call>::KIND, "quiesce");
+        assert_eq!(
+            <<call::Quiesce as Call>::Answer as Answer>::KIND,
+            "quiesced"
+        );
+        assert_eq!(<<call::Watch as Call>::Answer as Answer>::KIND, "status");
+        assert_eq!(
+            <<call::Screenshot as Call>::Answer as Answer>::KIND,
+            "screenshot"
+        );
+        let shot = ScreenshotInfo {
+            width: 4,
+            height: 3,
+        };
+        let response = shot.clone().into_response();
+        assert_eq!(
+            response,
+            Response::Screenshot {
+                width: 4,
+                height: 3
+            }
+        );
+        assert_eq!(ScreenshotInfo::from_response(response), Ok(shot));
+        // A wrong-kind answer is handed back, not misread.
+        let other = Response::error("x", "y");
+        assert_eq!(Quiesced::from_response(other.clone()), Err(other));
     }
 }

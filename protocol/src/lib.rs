@@ -1,23 +1,28 @@
 //! Wire types spoken between the Dormouse guest supervisor, the host broker and
 //! the broker's clients, and the framing used on the guest socket.
 //!
-//! This crate owns the *shape* of every message and nothing else: no I/O
-//! runtime, no policy. It must never depend on tokio, so both the PID-1
-//! supervisor and small clients can use it.
+//! This crate owns the *shape* of every message and nothing else: no policy.
+//! By default it has no I/O runtime, so small clients can use it; the
+//! feature `tokio` adds the one async frame reader and writer
+//! ([`stream`]) that the supervisor and the broker share.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod declare;
 pub mod exec;
 pub mod frame;
 pub mod guest;
 pub mod health;
 pub mod local;
+#[cfg(any(feature = "tokio", test))]
+pub mod stream;
 
+pub use declare::{Answer, Call};
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
 pub use guest::{
-    Activity, BusyProcess, ContainerStartIdentity, GuestStatus, Hello, Phase, Quiesced, Request,
-    Response, ServiceRunState, ServiceState,
+    call, Activity, BusyProcess, ContainerStartIdentity, GuestStatus, Hello, Phase, Quiesced,
+    Request, Response, ScreenshotInfo, ServiceRunState, ServiceState,
 };
 pub use health::{Check, CheckStatus, HealthReport, HEALTH_SCHEMA_VERSION};
 

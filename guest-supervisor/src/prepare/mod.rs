@@ -1,6 +1,6 @@
 //! Preparation of a container start, before any desktop process runs.
 //!
-//! Owns, in this order: the run directory (root, 0700), the workspace root
+//! Owns, in this order: the workspace root
 //! (owned by the desktop user), the profile links into the workspace, the
 //! X socket directory (root, 1777), and — only when the container-start identity differs
 //! from the one recorded at the last preparation — removal of stale locks
@@ -9,8 +9,6 @@
 //! a live process then. It must never follow a symlink in a directory the
 //! desktop user can write, and never rewrite `/etc/hostname`.
 
-pub mod locks;
-pub mod nofollow;
 pub mod profiles;
 
 use std::path::PathBuf;
@@ -18,8 +16,8 @@ use std::path::PathBuf;
 use dormouse_protocol::ContainerStartIdentity;
 
 use crate::config::Config;
-use crate::identity;
-use nofollow::{EntryKind, HeldDir, Owner};
+use crate::nofollow::Owner;
+use crate::{identity, locks};
 
 /// Why a preparation step failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,46 +59,6 @@ pub struct Prepared {
     pub preferences_fixed: Vec<PathBuf>,
     /// Profile links created or repaired.
     pub links_changed: usize,
-}
-
-/// Makes the run directory shared with the host a real directory owned by
-/// root with mode 0700, so only root in the guest (and the host) can reach
-/// the supervisor socket.
-pub fn secure_run_dir(config: &Config) -> Result<(), PrepareError> {
-    let io = |source| PrepareError::Io {
-        what: "securing",
-        path: config.run_dir.clone(),
-        source,
-    };
-    let (Some(parent), Some(name)) = (config.run_dir.parent(), config.run_dir.file_name()) else {
-        return Err(PrepareError::Unsafe {
-            path: config.run_dir.clone(),
-            why: "the run directory needs a parent",
-        });
-    };
-    let parent = HeldDir::open_trusted(parent).map_err(io)?;
-    let root = Owner {
-        uid: nix::unistd::geteuid().as_raw(),
-        gid: nix::unistd::getegid().as_raw(),
-    };
-    if let Some(st) = parent.stat(name).map_err(io)? {
-        if st.kind != EntryKind::Dir {
-            // A mount point is always a directory; anything else was planted.
-            return Err(PrepareError::Unsafe {
-                path: config.run_dir.clone(),
-                why: "the run directory is not a real directory",
-            });
-        }
-    }
-    let dir = parent.ensure_dir(name, 0o700, root).map_err(io)?;
-    let st = dir.stat_self().map_err(io)?;
-    if (st.uid, st.gid) != (root.uid, root.gid) {
-        dir.chown(root).map_err(io)?;
-    }
-    if st.mode != 0o700 {
-        dir.chmod(0o700).map_err(io)?;
-    }
-    Ok(())
 }
 
 /// Prepares this container start; see the module documentation. Every
@@ -196,7 +154,7 @@ fn secure_workspace_root(config: &Config) -> Result<(), PrepareError> {
         path: config.workspace.clone(),
         source,
     };
-    let anchor = profiles::anchor_for(config, &config.workspace);
+    let anchor = config.anchor_for(&config.workspace);
     let owner = Owner {
         uid: config.uid,
         gid: config.gid,
@@ -207,31 +165,6 @@ fn secure_workspace_root(config: &Config) -> Result<(), PrepareError> {
         dir.chown(owner).map_err(io)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-pub(crate) mod test_support {
-    use std::path::Path;
-
-    use crate::config::Config;
-
-    /// A config whose home, workspace, `/tmp`, state and run dirs are in
-    /// `base`, owned by whoever runs the test.
-    pub(crate) fn test_config(base: &Path) -> Config {
-        let home = base.join("home/desk");
-        std::fs::create_dir_all(home.join("workspace")).expect("mkdir");
-        std::fs::create_dir_all(base.join("tmp")).expect("mkdir");
-        Config {
-            workspace: home.join("workspace"),
-            home,
-            tmp_dir: base.join("tmp"),
-            state_dir: base.join("state"),
-            run_dir: base.join("run/dormouse"),
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-            ..Config::default()
-        }
-    }
 }
 
 #[cfg(test)]
@@ -267,7 +200,7 @@ mod tests {
         let proc = FakeProc::new(dir.path());
         let config = Config {
             proc_root: proc.root.clone(),
-            ..test_support::test_config(dir.path())
+            ..crate::config::test_support::test_config(dir.path())
         };
         let id = identity::read(&config).expect("identity");
         let planted = plant_locks(&config);
@@ -289,7 +222,7 @@ mod tests {
         let proc = FakeProc::new(dir.path());
         let config = Config {
             proc_root: proc.root.clone(),
-            ..test_support::test_config(dir.path())
+            ..crate::config::test_support::test_config(dir.path())
         };
         let id = identity::read(&config).expect("identity");
         assert!(prepare(&config, &id).problems.is_empty());
@@ -308,25 +241,5 @@ mod tests {
             assert!(prepared.new_start);
             assert!(planted.iter().all(|p| !exists(p)));
         }
-    }
-
-    #[test]
-    fn run_dir_is_root_only_and_a_planted_link_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = test_support::test_config(dir.path());
-        std::fs::create_dir_all(&config.run_dir).expect("mkdir");
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&config.run_dir, std::fs::Permissions::from_mode(0o777))
-            .expect("chmod");
-        secure_run_dir(&config).expect("secure");
-        let meta = std::fs::metadata(&config.run_dir).expect("stat");
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
-
-        std::fs::remove_dir(&config.run_dir).expect("rmdir");
-        symlink(dir.path(), &config.run_dir).expect("link");
-        assert!(matches!(
-            secure_run_dir(&config),
-            Err(PrepareError::Unsafe { .. })
-        ));
     }
 }

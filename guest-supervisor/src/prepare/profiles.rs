@@ -16,9 +16,9 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use super::nofollow::{EntryKind, HeldDir, Owner};
 use super::PrepareError;
 use crate::config::Config;
+use crate::nofollow::{EntryKind, HeldDir, Owner};
 
 /// One link from the home into the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,18 +79,6 @@ pub fn links(config: &Config) -> Vec<ProfileLink> {
     ]
 }
 
-/// The trusted directory above `path`: the parent of the home for anything
-/// in the home (the home itself belongs to the desktop user), else the
-/// parent of `path`.
-pub(crate) fn anchor_for<'a>(config: &'a Config, path: &'a Path) -> &'a Path {
-    if let Some(above_home) = config.home.parent() {
-        if path.starts_with(above_home) && path != above_home {
-            return above_home;
-        }
-    }
-    path.parent().unwrap_or(Path::new("/"))
-}
-
 /// Makes every link of [`links`]; returns what was done for each, or why
 /// it could not be (one failing link does not stop the others).
 pub fn ensure_links(config: &Config) -> Vec<(ProfileLink, Result<LinkOutcome, PrepareError>)> {
@@ -126,13 +114,13 @@ fn ensure_link(config: &Config, link: &ProfileLink, owner: Owner) -> io::Result<
         return Err(bad_path(&link.target));
     };
     let targets = ensure_real_dir(
-        anchor_for(config, target_parent),
+        config.anchor_for(target_parent),
         target_parent,
         0o755,
         owner,
     )?;
     let target = ensure_real_child(&targets, target_name, link.mode, owner)?;
-    let parent = ensure_real_dir(anchor_for(config, link_parent), link_parent, 0o755, owner)?;
+    let parent = ensure_real_dir(config.anchor_for(link_parent), link_parent, 0o755, owner)?;
 
     let outcome = match parent.stat(link_name)? {
         None => LinkOutcome::Linked,
@@ -263,7 +251,7 @@ fn bad_path(path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prepare::test_support::test_config;
+    use crate::config::test_support::test_config;
     use std::os::unix::fs::symlink;
 
     fn outcome_of(done: &[(ProfileLink, LinkOutcome)], suffix: &str) -> LinkOutcome {

@@ -27,41 +27,12 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::init::{self, ChildExit, OwnedChild};
-use crate::prepare::locks::{self, ProfileFamily};
+use crate::locks::{self, ProfileFamily};
 use crate::state::StatusCell;
 use output::{LineReader, Tail};
 use restart::{FailureCause, Remedy, RestartDecision, RestartPolicy, RestartTracker};
 
-/// A browser the supervisor can autostart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Browser {
-    /// Debian's `chromium`.
-    Chromium,
-    /// `google-chrome`, when installed.
-    GoogleChrome,
-    /// Debian's `firefox-esr`.
-    Firefox,
-}
-
-impl Browser {
-    /// Parses a configuration value.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "chromium" => Some(Self::Chromium),
-            "google-chrome" | "chrome" => Some(Self::GoogleChrome),
-            "firefox" | "firefox-esr" => Some(Self::Firefox),
-            _ => None,
-        }
-    }
-
-    /// The lock family of its profile.
-    pub fn family(self) -> ProfileFamily {
-        match self {
-            Self::Chromium | Self::GoogleChrome => ProfileFamily::Chromium,
-            Self::Firefox => ProfileFamily::Firefox,
-        }
-    }
-}
+pub use crate::config::Browser;
 
 /// What kind of service, which decides readiness and failure rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +130,7 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
             ],
         },
     ];
-    if let Some(browser) = config.browser.as_deref().and_then(Browser::from_name) {
+    if let Some(browser) = config.browser {
         let (program, args) = match browser {
             Browser::Chromium => (
                 "chromium",
@@ -408,7 +379,7 @@ impl Services {
             tracing::info!(
                 service = name,
                 clean,
-                elapsed_ms = started.elapsed().as_millis() as u64,
+                elapsed_ms = crate::millis(started.elapsed()),
                 "service stopped"
             );
         }
@@ -422,7 +393,9 @@ impl Services {
                 continue;
             }
             if let Some(pid) = *handle.pid.borrow() {
-                let pgid = nix::unistd::Pid::from_raw(pid as i32);
+                let Ok(pgid) = i32::try_from(pid).map(nix::unistd::Pid::from_raw) else {
+                    continue;
+                };
                 match nix::sys::signal::killpg(pgid, signal) {
                     Ok(()) => tracing::info!(service = handle.name, %signal, "forwarded signal"),
                     Err(e) => {
@@ -508,7 +481,7 @@ async fn supervise(
                 (ServiceRunState::Failed, cooldown)
             }
         };
-        tracing::warn!(service = spec.name, cause = %attempt, ran_ms = ran_for.as_millis() as u64, retry_ms = wait.as_millis() as u64, fixed, "service failed");
+        tracing::warn!(service = spec.name, cause = %attempt, ran_ms = crate::millis(ran_for), retry_ms = crate::millis(wait), fixed, "service failed");
         ctx.table.update(idx, |s, _| {
             s.state = state;
             s.pid = None;
@@ -643,7 +616,7 @@ async fn run_once(
             tracing::info!(
                 service = spec.name,
                 pid,
-                ready_ms = ctx.started.elapsed().as_millis() as u64,
+                ready_ms = crate::millis(ctx.started.elapsed()),
                 "service ready"
             );
             let exit = tokio::select! {
@@ -692,7 +665,7 @@ async fn terminate(
     let name = spec.name;
     let deadline = Instant::now() + grace;
     if matches!(spec.kind, ServiceKind::Browser(_)) && child.exited().is_none() {
-        let asked = crate::stop::close_windows_of(config, &[child.pid()], grace / 4).await;
+        let asked = crate::x_client::close_windows_of(config, &[child.pid()], grace / 4).await;
         if asked > 0 {
             let half = deadline.saturating_duration_since(Instant::now()) / 2;
             if let Ok(exit) = tokio::time::timeout(half, child.wait()).await {
@@ -715,7 +688,7 @@ async fn terminate(
         Err(_) => {
             tracing::warn!(
                 service = name,
-                grace_ms = grace.as_millis() as u64,
+                grace_ms = crate::millis(grace),
                 "no exit after SIGTERM; killing"
             );
             child.signal_group(Signal::SIGKILL);
@@ -731,7 +704,9 @@ async fn terminate(
 /// kernel does not reuse a pid while it is some group's id, so this cannot
 /// reach a stranger.
 fn kill_group_leftovers(pgid: u32) {
-    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
+    let Ok(pgid) = i32::try_from(pgid).map(nix::unistd::Pid::from_raw) else {
+        return;
+    };
     let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
 }
 
@@ -740,7 +715,7 @@ fn apply_remedy(spec: &ServiceSpec, config: &Config, cause: &FailureCause) -> bo
     let result = match (cause.remedy(), spec.kind) {
         (Remedy::ClearDisplayLocks, ServiceKind::Display) => locks::clear_x_locks(config),
         (Remedy::ClearProfileLocks, ServiceKind::Browser(browser)) => {
-            locks::clear_profile_locks(config, Some(browser.family()))
+            locks::clear_profile_locks(config, Some(ProfileFamily::of(browser)))
         }
         _ => return false,
     };
@@ -772,7 +747,7 @@ mod tests {
     #[test]
     fn services_in_order_with_hardened_flags() {
         let config = Config {
-            browser: Some("chromium".into()),
+            browser: Some(Browser::Chromium),
             width: 1920,
             height: 1080,
             ..Config::default()

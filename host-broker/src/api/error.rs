@@ -197,7 +197,6 @@ mod tests {
             BrokerError::Guest(crate::guest::GuestError::Symlink(path.clone())),
             BrokerError::Guest(crate::guest::GuestError::Missing(path.clone())),
             BrokerError::Guest(crate::guest::GuestError::NotASocket(path.clone())),
-            BrokerError::Guest(crate::guest::GuestError::Replaced(path.clone())),
             BrokerError::Store(crate::store::StoreError::Io {
                 op: "write",
                 path: path.clone(),

@@ -13,9 +13,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::path::PathBuf;
 
-use super::nofollow::{is_not_a_real_dir, EntryKind, HeldDir, Owner};
-use super::profiles::anchor_for;
-use crate::config::Config;
+use crate::config::{Browser, Config};
+use crate::nofollow::{is_not_a_real_dir, EntryKind, HeldDir, Owner};
 
 /// Directories deeper than this below the profiles root are not listed.
 /// Chromium keeps its singleton files at depth 2 (`chromium/SingletonLock`),
@@ -36,6 +35,14 @@ pub enum ProfileFamily {
 }
 
 impl ProfileFamily {
+    /// The lock family of `browser`'s profile.
+    pub fn of(browser: Browser) -> Self {
+        match browser {
+            Browser::Chromium | Browser::GoogleChrome => Self::Chromium,
+            Browser::Firefox => Self::Firefox,
+        }
+    }
+
     /// Profile-root subdirectories of this family.
     fn roots(self) -> &'static [&'static str] {
         match self {
@@ -127,7 +134,7 @@ pub fn clear_profile_locks(
     family: Option<ProfileFamily>,
 ) -> io::Result<Vec<PathBuf>> {
     let root_path = config.profiles_root();
-    let root = match HeldDir::open_beneath(anchor_for(config, &root_path), &root_path) {
+    let root = match HeldDir::open_beneath(config.anchor_for(&root_path), &root_path) {
         Ok(root) => root,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) if is_not_a_real_dir(&e) => {
@@ -188,7 +195,7 @@ pub fn mark_chromium_exited_cleanly(config: &Config) -> io::Result<Vec<PathBuf>>
     let mut changed = Vec::new();
     for family_root in ProfileFamily::Chromium.roots() {
         let path = config.profiles_root().join(family_root);
-        let user_data = match HeldDir::open_beneath(anchor_for(config, &path), &path) {
+        let user_data = match HeldDir::open_beneath(config.anchor_for(&path), &path) {
             Ok(dir) => dir,
             Err(e) if e.kind() == io::ErrorKind::NotFound || is_not_a_real_dir(&e) => continue,
             Err(e) => return Err(e),
@@ -221,7 +228,8 @@ fn fix_preferences(dir: &HeldDir, name: &OsStr, owner: Owner) -> io::Result<bool
     if meta.len() > MAX_PREFERENCES_BYTES {
         return Ok(false);
     }
-    let mut text = Vec::with_capacity(meta.len() as usize);
+    let mut text =
+        Vec::with_capacity(usize::try_from(meta.len().min(MAX_PREFERENCES_BYTES)).unwrap_or(0));
     file.take(MAX_PREFERENCES_BYTES).read_to_end(&mut text)?;
     let mut prefs: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -262,7 +270,7 @@ pub fn mark_clean_exit(prefs: &mut serde_json::Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prepare::test_support::test_config;
+    use crate::config::test_support::test_config;
     use std::os::unix::fs::symlink;
 
     #[test]
