@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod api;
 pub mod frame;
 pub mod guest;
