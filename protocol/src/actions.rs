@@ -67,6 +67,10 @@ pub struct ActionBatch {
     /// The size of the caller's space (see the module's scaling rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale: Option<Scale>,
+    /// Whether `screenshot` and `zoom` images show the pointer (off unless
+    /// asked: the tool's screenshots have none).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cursor: bool,
 }
 
 /// The box the caller's space must fit in.
@@ -409,6 +413,84 @@ pub struct ActionResults {
     pub results: Vec<ActionResult>,
 }
 
+/// How the guest answers a batch: the results with every image's `data`
+/// left empty, the images' bytes one after the other in the frame's binary
+/// payload, in result order, `image_lens[i]` bytes for the `i`-th image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestActionResults {
+    /// One per action that ran, in order.
+    pub results: Vec<ActionResult>,
+    /// Length of each image in the payload.
+    pub image_lens: Vec<u64>,
+}
+
+/// A guest answer whose images do not match its payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the answer names {images} images of {named} bytes in all; the payload has {payload} bytes")]
+pub struct PayloadMismatch {
+    /// Results carrying an image.
+    pub images: usize,
+    /// Sum of `image_lens` (saturating).
+    pub named: u64,
+    /// Bytes in the payload.
+    pub payload: usize,
+}
+
+impl GuestActionResults {
+    /// The API answer: each image's bytes from `payload`, base64-encoded
+    /// into its `data`. Every image result must have its length and the
+    /// lengths must add up to the payload exactly.
+    pub fn into_api(self, payload: &[u8]) -> Result<ActionResults, PayloadMismatch> {
+        let images = self.results.iter().filter(|r| r.image.is_some()).count();
+        let named = self
+            .image_lens
+            .iter()
+            .fold(0u64, |a, b| a.saturating_add(*b));
+        let mismatch = PayloadMismatch {
+            images,
+            named,
+            payload: payload.len(),
+        };
+        if images != self.image_lens.len() || u64::try_from(payload.len()).ok() != Some(named) {
+            return Err(mismatch);
+        }
+        let mut rest = payload;
+        let mut lens = self.image_lens.iter();
+        let mut results = self.results;
+        for image in results.iter_mut().filter_map(|r| r.image.as_mut()) {
+            let len = lens
+                .next()
+                .and_then(|l| usize::try_from(*l).ok())
+                .ok_or_else(|| mismatch.clone())?;
+            let (bytes, tail) = rest.split_at_checked(len).ok_or_else(|| mismatch.clone())?;
+            image.data = base64(bytes);
+            rest = tail;
+        }
+        Ok(ActionResults { results })
+    }
+}
+
+/// Standard base64 with padding.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] =
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        let sextet = |shift: u32| char::from(ALPHABET[((n >> shift) & 0x3f) as usize]);
+        out.push(sextet(18));
+        out.push(sextet(12));
+        out.push(if chunk.len() > 1 { sextet(6) } else { '=' });
+        out.push(if chunk.len() > 2 { sextet(0) } else { '=' });
+    }
+    out
+}
+
 /// A size in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Size {
@@ -604,11 +686,21 @@ pub enum Problem {
         /// The caller's space.
         height: u32,
     },
+    /// A control character no key types.
+    #[error("{0:?} cannot be typed (control characters other than tab and newline)")]
+    Untypable(char),
     /// A region that is empty or reaches outside the caller's space.
     #[error(
         "region {0:?} is empty or outside the {1}x{2} space (x0 < x1 <= width, y0 < y1 <= height)"
     )]
     Region([i64; 4], u32, u32),
+}
+
+/// Whether `type` can type `c`: every character but the control
+/// characters other than tab, newline and carriage return (`\r\n` and a
+/// lone `\r` are typed as Return).
+pub fn typable(c: char) -> bool {
+    !c.is_control() || matches!(c, '\t' | '\n' | '\r')
 }
 
 /// Parses one key combination (`ctrl+shift+t`, `KP_Enter`, `ctrl++`) into
@@ -774,7 +866,12 @@ fn check_action(action: &Action, space: Size) -> Result<(), (&'static str, Probl
             parse_combo(text.trim()).map_err(|p| ("text", p))?;
             duration(*d)?;
         }
-        Action::Type { text } => text_len(text)?,
+        Action::Type { text } => {
+            text_len(text)?;
+            if let Some(c) = text.chars().find(|c| !typable(*c)) {
+                return Err(("text", Problem::Untypable(c)));
+            }
+        }
         Action::Wait { duration: d } => duration(*d)?,
         Action::MouseMove { coordinate, .. } => point("coordinate", coordinate)?,
         Action::LeftMouseDown { coordinate, .. }
@@ -1006,11 +1103,13 @@ mod tests {
         let b = ActionBatch {
             actions: vec![Action::CursorPosition {}; MAX_ACTIONS + 1],
             scale: None,
+            cursor: false,
         };
         assert_eq!(validate(&b, None), Err(BatchError::TooMany(101)));
         let empty = ActionBatch {
             actions: vec![],
             scale: None,
+            cursor: false,
         };
         assert_eq!(validate(&empty, None), Err(BatchError::Empty));
     }
@@ -1074,6 +1173,14 @@ mod tests {
             Some(SCREEN)
         )
         .is_ok());
+        let e = refusal(json!({"actions": [{"action": "type", "text": "a\u{7}b"}]}));
+        assert!(matches!(
+            e,
+            BatchError::Action {
+                problem: Problem::Untypable('\u{7}'),
+                ..
+            }
+        ));
         let e = refusal(json!({"actions": [{"action": "wait", "duration": -0.1}]}));
         assert!(matches!(
             e,
@@ -1229,6 +1336,46 @@ mod tests {
         assert_eq!(space.to_screen([512, 320]), [640, 400]);
         assert_eq!(space.edge_to_screen([1024, 640]), [1280, 800]);
         assert_eq!(space.edge_to_screen([0, 0]), [0, 0]);
+    }
+
+    #[test]
+    fn base64_is_the_standard_alphabet() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(&[0xfb, 0xff, 0xfe]), "+//+");
+    }
+
+    #[test]
+    fn guest_images_come_from_the_payload_in_order() {
+        let shot = |a| ActionResult {
+            image: Some(ActionImage {
+                media_type: "image/png".into(),
+                data: String::new(),
+            }),
+            size: Some([1, 1]),
+            ..ActionResult::ok(a)
+        };
+        let guest = GuestActionResults {
+            results: vec![
+                shot(ActionName::Screenshot),
+                ActionResult::ok(ActionName::Wait),
+                shot(ActionName::Zoom),
+            ],
+            image_lens: vec![3, 1],
+        };
+        let api = guest.clone().into_api(b"foof").expect("matches");
+        let data: Vec<_> = api
+            .results
+            .iter()
+            .filter_map(|r| r.image.as_ref().map(|i| i.data.as_str()))
+            .collect();
+        assert_eq!(data, ["Zm9v", "Zg=="]);
+        assert!(guest.clone().into_api(b"foo").is_err());
+        let mut short = guest;
+        short.image_lens.pop();
+        assert!(short.into_api(b"foo").is_err());
     }
 
     #[test]
