@@ -10,6 +10,7 @@ pub mod config;
 pub mod config_file;
 pub mod identity;
 pub mod init;
+pub mod input;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;

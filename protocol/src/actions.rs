@@ -426,7 +426,9 @@ pub struct GuestActionResults {
 
 /// A guest answer whose images do not match its payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the answer names {images} images of {named} bytes in all; the payload has {payload} bytes")]
+#[error(
+    "the answer names {images} images of {named} bytes in all; the payload has {payload} bytes"
+)]
 pub struct PayloadMismatch {
     /// Results carrying an image.
     pub images: usize,
@@ -472,8 +474,7 @@ impl GuestActionResults {
 
 /// Standard base64 with padding.
 pub fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let b = [
