@@ -40,9 +40,11 @@ pub struct Keymap {
     modifiers: Vec<Vec<Keycode>>,
     /// Keycodes that carried nothing when the snapshot was taken.
     spare: Vec<Keycode>,
-    /// Spare keycodes bound now, with the keysym bound.
-    bound: Vec<(Keycode, u32)>,
-    /// Whether the bindings are in the server since the last [`Keymap::flush`].
+    /// Spare keycodes bound now: keycode, level (0, or 1 with Shift), keysym.
+    bound: Vec<(Keycode, u8, u32)>,
+    /// Spare keycodes whose binding may take a second keysym at level 2.
+    two_level: Vec<Keycode>,
+    /// Whether bindings were made since the last [`Keymap::flush`].
     dirty: bool,
 }
 
@@ -93,6 +95,7 @@ impl Keymap {
             modifiers,
             spare,
             bound: Vec::new(),
+            two_level: Vec::new(),
             dirty: false,
         })
     }
@@ -115,11 +118,8 @@ impl Keymap {
     /// Where the layout has `keysym` without modifiers, or with Shift only
     /// when `allow_shift`; keypad keys are skipped. Bindings come first.
     pub fn find(&self, keysym: u32, allow_shift: bool) -> Option<KeyAt> {
-        if let Some((keycode, _)) = self.bound.iter().find(|(_, s)| *s == keysym) {
-            return Some(KeyAt {
-                keycode: *keycode,
-                shift: false,
-            });
+        if let Some(at) = self.find_bound(keysym, allow_shift) {
+            return Some(at);
         }
         let usable = |k: Keycode| !KEYPAD.contains(&self.column(k, 0));
         if let Some(keycode) = self
@@ -158,30 +158,54 @@ impl Keymap {
         self.modifiers.iter().any(|row| row.contains(&keycode))
     }
 
-    /// How many keysyms can be bound at once.
+    /// How many keycodes can be bound at once (each holds two keysyms
+    /// when Shift may be used, see [`Keymap::bind`]).
     pub fn spare_count(&self) -> usize {
         self.spare.len()
     }
 
-    /// Binds `keysym` to a free spare keycode (sent at the next
-    /// [`Keymap::flush`]); `None` when every spare keycode is taken.
-    pub fn bind(&mut self, keysym: u32) -> Option<KeyAt> {
-        if let Some(at) = self.bound.iter().find(|(_, s)| *s == keysym) {
-            return Some(KeyAt {
-                keycode: at.0,
-                shift: false,
-            });
+    /// Binds `keysym` to a spare keycode (sent at the next
+    /// [`Keymap::flush`]); `None` when every spare place is taken. With
+    /// `two_levels`, a keycode holds two keysyms, the second typed with
+    /// Shift; without, a bound keycode types its keysym whatever modifiers
+    /// are held (both levels carry it), and only free keycodes are used.
+    pub fn bind(&mut self, keysym: u32, two_levels: bool) -> Option<KeyAt> {
+        if let Some(at) = self.find_bound(keysym, two_levels) {
+            return Some(at);
         }
-        let keycode = *self
-            .spare
-            .iter()
-            .find(|k| !self.bound.iter().any(|(b, _)| b == *k))?;
-        self.bound.push((keycode, keysym));
+        let used = |k: &Keycode| self.bound.iter().filter(|(b, _, _)| b == k).count();
+        let (keycode, level) = match self.spare.iter().find(|k| used(k) == 0) {
+            Some(k) => (*k, 0),
+            None if two_levels => {
+                // A keycode bound at level 0 by a two-level binding.
+                let k = self.spare.iter().find(|k| {
+                    used(k) == 1
+                        && self.bound.iter().any(|(b, l, _)| b == *k && *l == 0)
+                        && self.two_level.contains(k)
+                })?;
+                (*k, 1)
+            }
+            None => return None,
+        };
+        if level == 0 && two_levels {
+            self.two_level.push(keycode);
+        }
+        self.bound.push((keycode, level, keysym));
         self.dirty = true;
         Some(KeyAt {
             keycode,
-            shift: false,
+            shift: level == 1,
         })
+    }
+
+    fn find_bound(&self, keysym: u32, allow_shift: bool) -> Option<KeyAt> {
+        self.bound
+            .iter()
+            .find(|(_, l, s)| *s == keysym && (*l == 0 || allow_shift))
+            .map(|(k, l, _)| KeyAt {
+                keycode: *k,
+                shift: *l == 1,
+            })
     }
 
     /// Whether any binding is in place.
@@ -198,7 +222,14 @@ impl Keymap {
         }
         let bound = self.bound.clone();
         self.write(conn, |k| {
-            bound.iter().find(|(b, _)| *b == k).map(|(_, s)| *s)
+            let level = |l: u8| {
+                bound
+                    .iter()
+                    .find(|(b, bl, _)| *b == k && *bl == l)
+                    .map(|(_, _, s)| *s)
+            };
+            let first = level(0)?;
+            Some([first, level(1).unwrap_or(first)])
         })?;
         conn.get_input_focus()?.reply()?;
         self.dirty = false;
@@ -213,26 +244,28 @@ impl Keymap {
             return Ok(());
         }
         std::thread::sleep(settle);
-        let bound: Vec<Keycode> = self.bound.iter().map(|(k, _)| *k).collect();
-        self.write(conn, |k| bound.contains(&k).then_some(0))?;
+        let bound: Vec<Keycode> = self.bound.iter().map(|(k, _, _)| *k).collect();
+        self.write(conn, |k| bound.contains(&k).then_some([0, 0]))?;
         conn.get_input_focus()?.reply()?;
         self.bound.clear();
+        self.two_level.clear();
         self.dirty = false;
         Ok(())
     }
 
     /// Writes the keycodes for which `sym` answers, in runs of consecutive
-    /// keycodes: `[sym, sym, 0, …]` per keycode, so Shift and Caps Lock
-    /// make no difference on a bound key.
+    /// keycodes: `[level 1, level 2, 0, …]` per keycode (the same keysym
+    /// twice for a one-level binding, so Shift and Caps Lock make no
+    /// difference on it).
     fn write(
         &self,
         conn: &RustConnection,
-        sym: impl Fn(Keycode) -> Option<u32>,
+        sym: impl Fn(Keycode) -> Option<[u32; 2]>,
     ) -> Result<(), XError> {
         let per = self.per.max(2);
         let per_u8 =
             u8::try_from(per).map_err(|_| XError::Unexpected("keysyms per keycode".into()))?;
-        let mut keycodes: Vec<(Keycode, u32)> = self
+        let mut keycodes: Vec<(Keycode, [u32; 2])> = self
             .spare
             .iter()
             .filter_map(|k| sym(*k).map(|s| (*k, s)))
@@ -247,10 +280,8 @@ impl Keymap {
                     break;
                 }
                 let mut row = vec![0u32; per];
-                if *s != 0 {
-                    row[0] = *s;
-                    row[1] = *s;
-                }
+                row[0] = s[0];
+                row[1] = s[1];
                 run.extend(row);
                 i += 1;
             }

@@ -489,7 +489,7 @@ impl Runner<'_> {
             let at = match keymap.find(*sym, true) {
                 Some(at) => at,
                 None => keymap
-                    .bind(*sym)
+                    .bind(*sym, false)
                     .ok_or_else(|| ActionError::NoSpareKeycode(text.to_owned()))?,
             };
             keys.push(at);
@@ -660,7 +660,10 @@ impl Runner<'_> {
                     } else {
                         None
                     };
-                    match found.or_else(|| keymap.bind(primary)) {
+                    // Two keysyms per spare keycode when Shift types
+                    // as the layout says (nothing else is held).
+                    let two_levels = plain && shift.is_some();
+                    match found.or_else(|| keymap.bind(primary, two_levels)) {
                         Some(at) => chunk.push(at),
                         None => break,
                     }

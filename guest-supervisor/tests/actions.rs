@@ -1,0 +1,460 @@
+//! Computer-use actions against a real X server: Xvfb of the desktop image
+//! in a hardened container whose X socket directory is a bind mount, driven
+//! from this process through `dormouse_supervisor::input::execute`.
+//!
+//! The witness is a separate X client in this process: a window that takes
+//! the keyboard focus and records every key press as the character the
+//! keyboard mapping of that moment gives it (it re-reads the mapping on every
+//! `MappingNotify`, as Xlib clients do), and every button press with its
+//! position. Layouts are switched with `setxkbmap` inside the container.
+//! Skips visibly without Docker or the image (fails under `CI=true`).
+//! Numbers (typing speed) are printed: run with `--nocapture`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dormouse_e2e::{
+    desktop_image, docker, docker_available, docker_ok, unique_name, ContainerGuard, TempDir,
+    TEST_LABEL,
+};
+use dormouse_protocol::actions::{keysym, ActionBatch, ActionResult};
+use dormouse_supervisor::input::{self, ExecuteError, InputOptions};
+use dormouse_supervisor::Config;
+use serde_json::json;
+use x11rb::connection::Connection as _;
+use x11rb::protocol::xproto::{
+    ConnectionExt as _, CreateWindowAux, EventMask, InputFocus, Mapping, WindowClass,
+};
+use x11rb::protocol::Event;
+use x11rb::rust_connection::{DefaultStream, RustConnection};
+use x11rb::wrapper::ConnectionExt as _;
+
+const DISPLAY: u32 = 7;
+const WIDTH: u32 = 1280;
+const HEIGHT: u32 = 800;
+const SAMPLE: &str = "Grüße, 世界 ✓ — ¿qué? «ok»\t\n";
+
+/// Xvfb of the desktop image, its socket directory on the host.
+struct XServer {
+    name: String,
+    config: Config,
+    _dir: TempDir,
+    _guard: ContainerGuard,
+}
+
+impl XServer {
+    fn start(test: &str) -> Option<Self> {
+        if !docker_available(test) {
+            return None;
+        }
+        let image = desktop_image(test)?;
+        let name = unique_name("dm-input");
+        let guard = ContainerGuard::new(&name);
+        let dir = TempDir::new("dm-input-x");
+        let sockets = dir.path().join(".X11-unix");
+        std::fs::create_dir_all(&sockets).unwrap();
+        std::fs::set_permissions(&sockets, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let mount = format!("{}:/tmp/.X11-unix", sockets.display());
+        let label = format!("{TEST_LABEL}=1");
+        let display = format!(":{DISPLAY}");
+        let screen = format!("{WIDTH}x{HEIGHT}x24");
+        docker_ok(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--label",
+            &label,
+            "--network",
+            "none",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "-u",
+            "1000:1000",
+            "-v",
+            &mount,
+            "--entrypoint",
+            "Xvfb",
+            &image,
+            &display,
+            "-screen",
+            "0",
+            &screen,
+            "-nolisten",
+            "tcp",
+            "-noreset",
+        ]);
+        let config = Config {
+            tmp_dir: dir.path().to_owned(),
+            display: DISPLAY,
+            width: WIDTH,
+            height: HEIGHT,
+            ..Config::default()
+        };
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(config.x_socket_path()).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "Xvfb did not come up: {}",
+                String::from_utf8_lossy(&docker(&["logs", &name]).stderr)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Self {
+            name,
+            config,
+            _dir: dir,
+            _guard: guard,
+        })
+    }
+
+    fn connect(&self) -> RustConnection {
+        let stream = std::os::unix::net::UnixStream::connect(self.config.x_socket_path()).unwrap();
+        let (stream, _) = DefaultStream::from_unix_stream(stream).unwrap();
+        RustConnection::connect_to_stream(stream, 0).unwrap()
+    }
+
+    /// `setxkbmap <layout>` in the container, checked with `-query`.
+    fn layout(&self, layout: &str) {
+        let display = format!(":{DISPLAY}");
+        let out = docker(&[
+            "exec",
+            "-e",
+            &format!("DISPLAY={display}"),
+            &self.name,
+            "setxkbmap",
+            layout,
+        ]);
+        assert!(
+            out.status.success(),
+            "setxkbmap {layout}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let query = docker_ok(&[
+            "exec",
+            "-e",
+            &format!("DISPLAY={display}"),
+            &self.name,
+            "setxkbmap",
+            "-query",
+        ]);
+        assert!(
+            query
+                .lines()
+                .any(|l| l.starts_with("layout:") && l.ends_with(layout)),
+            "{query}"
+        );
+    }
+
+    async fn run(&self, batch: serde_json::Value) -> Result<Vec<ActionResult>, ExecuteError> {
+        let batch: ActionBatch = serde_json::from_value(batch).unwrap();
+        let outcome = input::execute(&self.config, batch, InputOptions::default()).await?;
+        assert_eq!(
+            outcome.images.len(),
+            outcome.answer.image_lens.len(),
+            "images and their lengths"
+        );
+        Ok(outcome.answer.results)
+    }
+}
+
+/// What the witness saw.
+#[derive(Debug, Default)]
+struct Seen {
+    text: String,
+    buttons: Vec<(u8, i16, i16)>,
+}
+
+/// A full-screen window with the focus that records what it receives.
+struct Witness {
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Witness {
+    fn start(x: &XServer) -> Self {
+        let conn = x.connect();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let shared = seen.clone();
+        std::thread::spawn(move || {
+            let screen = &conn.setup().roots[0];
+            let window = conn.generate_id().unwrap();
+            conn.create_window(
+                screen.root_depth,
+                window,
+                screen.root,
+                0,
+                0,
+                WIDTH as u16,
+                HEIGHT as u16,
+                0,
+                WindowClass::INPUT_OUTPUT,
+                screen.root_visual,
+                &CreateWindowAux::new()
+                    .background_pixel(screen.white_pixel)
+                    .override_redirect(1)
+                    .event_mask(
+                        EventMask::KEY_PRESS | EventMask::BUTTON_PRESS | EventMask::EXPOSURE,
+                    ),
+            )
+            .unwrap();
+            conn.map_window(window).unwrap();
+            conn.set_input_focus(InputFocus::PARENT, window, 0u32)
+                .unwrap();
+            conn.sync().unwrap();
+            let min = conn.setup().min_keycode;
+            let count = conn.setup().max_keycode - min + 1;
+            let mut mapping = conn
+                .get_keyboard_mapping(min, count)
+                .unwrap()
+                .reply()
+                .unwrap();
+            ready_tx.send(()).unwrap();
+            while let Ok(event) = conn.wait_for_event() {
+                match event {
+                    Event::MappingNotify(m) if m.request == Mapping::KEYBOARD => {
+                        mapping = conn
+                            .get_keyboard_mapping(min, count)
+                            .unwrap()
+                            .reply()
+                            .unwrap();
+                    }
+                    Event::KeyPress(k) => {
+                        let per = usize::from(mapping.keysyms_per_keycode);
+                        let row = &mapping.keysyms[usize::from(k.detail - min) * per..][..per];
+                        let shift = u16::from(k.state) & 1 != 0;
+                        let mut sym = if shift { row[1] } else { row[0] };
+                        if sym == 0 {
+                            sym = row[0];
+                        }
+                        if let Some(c) = keysym::char_of_keysym(sym) {
+                            shared.lock().unwrap().text.push(c);
+                        }
+                    }
+                    Event::ButtonPress(b) => {
+                        shared
+                            .lock()
+                            .unwrap()
+                            .buttons
+                            .push((b.detail, b.event_x, b.event_y));
+                    }
+                    _ => {}
+                }
+            }
+        });
+        ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        Self { seen }
+    }
+
+    fn clear(&self) {
+        *self.seen.lock().unwrap() = Seen::default();
+    }
+
+    /// Waits until the text is as long as `expected` (or 10 s), returns it.
+    fn text_when(&self, expected: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let text = self.seen.lock().unwrap().text.clone();
+            if text.chars().count() >= expected.chars().count()
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn buttons_when(&self, n: usize) -> Vec<(u8, i16, i16)> {
+        let started = Instant::now();
+        loop {
+            let b = self.seen.lock().unwrap().buttons.clone();
+            if b.len() >= n || started.elapsed() > Duration::from_secs(10) {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+async fn type_and_witness(x: &XServer, w: &Witness, text: &str) -> Duration {
+    let keymap = input::keymap::Keymap::load(&x.connect()).unwrap();
+    println!("spare keycodes: {}", keymap.spare_count());
+    w.clear();
+    let started = Instant::now();
+    let results = x
+        .run(json!({"actions": [{"action": "type", "text": text}]}))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(results[0].ok, "{results:?}");
+    let got = w.text_when(text);
+    assert_eq!(got, text, "typed text as the witness read it");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_is_exact_under_us_de_fr_and_ru_layouts() {
+    let Some(x) = XServer::start("typing_is_exact_under_us_de_fr_and_ru_layouts") else {
+        return;
+    };
+    let w = Witness::start(&x);
+    type_and_witness(&x, &w, SAMPLE).await;
+    for layout in ["de", "fr", "ru"] {
+        x.layout(layout);
+        type_and_witness(&x, &w, SAMPLE).await;
+    }
+    // A long mixed text: speed and exactness in one go, under `ru` (Latin
+    // letters are bound, Cyrillic come from the layout).
+    let unit = "Grüße, 世界 ✓ — ¿qué? «ok» Привет abc XYZ 0123 ";
+    let long: String = unit.chars().cycle().take(1000).collect();
+    let took = type_and_witness(&x, &w, &long).await;
+    println!(
+        "typing 1000 chars (ru layout, mixed): {:.0} ms, {:.0} chars/s, exact",
+        took.as_secs_f64() * 1000.0,
+        1000.0 / took.as_secs_f64()
+    );
+    x.layout("us");
+    let took = type_and_witness(&x, &w, &long).await;
+    println!(
+        "typing 1000 chars (us layout, mixed): {:.0} ms, {:.0} chars/s, exact",
+        took.as_secs_f64() * 1000.0,
+        1000.0 / took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_pointer_scaling_and_refusals() {
+    let Some(x) = XServer::start("keys_pointer_scaling_and_refusals") else {
+        return;
+    };
+    let w = Witness::start(&x);
+
+    // Key combinations: shift+a is "A", Return and KP_Enter are newlines.
+    let results = x
+        .run(json!({"actions": [{"action": "key", "text": "shift+a Return KP_Enter Tab"}, {"action": "key", "text": "ctrl+shift+t"}]}))
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.ok), "{results:?}");
+    assert_eq!(w.text_when("A\n\n\tT"), "A\n\n\tT");
+
+    // Move, then the position answers the same point; natively and scaled.
+    let results = x
+        .run(json!({"actions": [{"action": "mouse_move", "coordinate": [100, 200]}, {"action": "cursor_position"}]}))
+        .await
+        .unwrap();
+    assert_eq!(results[1].coordinate, Some([100, 200]));
+    let results = x
+        .run(json!({"actions": [
+            {"action": "mouse_move", "coordinate": [511, 333]},
+            {"action": "cursor_position"},
+            {"action": "left_click", "coordinate": [256, 160]},
+            {"action": "screenshot"},
+            {"action": "zoom", "region": [0, 0, 100, 50]}],
+            "scale": {"width": 1024, "height": 768}}))
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.ok), "{results:?}");
+    assert_eq!(results[1].coordinate, Some([511, 333]));
+    // The click landed on the screen pixel under the scaled point's centre.
+    let buttons = w.buttons_when(1);
+    assert_eq!(buttons, vec![(1, 320, 200)], "floor((256.5, 160.5) * 1.25)");
+    assert_eq!(results[3].size, Some([1024, 640]));
+    assert_eq!(results[4].size, Some([125, 63]), "zoom is at native size");
+
+    // Scroll and clicks of every button reach the window at the point.
+    w.clear();
+    let results = x
+        .run(json!({"actions": [
+            {"action": "scroll", "coordinate": [10, 20], "scroll_direction": "down", "scroll_amount": 2},
+            {"action": "scroll", "coordinate": [10, 20], "scroll_direction": "left", "scroll_amount": 1, "text": "shift"},
+            {"action": "right_click", "coordinate": [30, 40]},
+            {"action": "middle_click"},
+            {"action": "double_click", "coordinate": [50, 60]},
+            {"action": "triple_click"},
+            {"action": "left_click_drag", "start_coordinate": [70, 80], "coordinate": [170, 180]}]}))
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.ok), "{results:?}");
+    let buttons = w.buttons_when(11);
+    assert_eq!(
+        buttons,
+        vec![
+            (5, 10, 20),
+            (5, 10, 20),
+            (6, 10, 20),
+            (3, 30, 40),
+            (2, 30, 40),
+            (1, 50, 60),
+            (1, 50, 60),
+            (1, 50, 60),
+            (1, 50, 60),
+            (1, 50, 60),
+            (1, 70, 80),
+        ]
+    );
+
+    // Refused before anything runs, naming the key; nothing typed.
+    w.clear();
+    let err = x
+        .run(json!({"actions": [{"action": "type", "text": "x"}, {"action": "key", "text": "ctrl+Nope"}]}))
+        .await
+        .expect_err("unknown key");
+    assert!(err.to_string().contains("\"Nope\""), "{err}");
+    assert!(err.to_string().contains("actions[1]"), "{err}");
+    let err = x
+        .run(json!({"actions": [{"action": "mouse_move", "coordinate": [1100, 10]}], "scale": {"width": 1024, "height": 768}}))
+        .await
+        .expect_err("off the scaled screen");
+    assert!(matches!(err, ExecuteError::Invalid(_)), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(w.seen.lock().unwrap().text, "", "nothing typed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_input_resets_the_idle_timer_and_the_cursor_is_drawn() {
+    let Some(x) = XServer::start("injected_input_resets_the_idle_timer") else {
+        return;
+    };
+    let _w = Witness::start(&x);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let idle = dormouse_supervisor::activity::input_idle_ms(&x.config)
+        .await
+        .unwrap();
+    assert!(idle >= 1000, "idle {idle} ms before any input");
+    x.run(json!({"actions": [{"action": "mouse_move", "coordinate": [300, 300]}]}))
+        .await
+        .unwrap();
+    let idle = dormouse_supervisor::activity::input_idle_ms(&x.config)
+        .await
+        .unwrap();
+    assert!(idle < 500, "idle {idle} ms right after a mouse_move");
+
+    // On the white window, the pointer drawn in makes the pixels at the
+    // hot spot differ from a capture without it.
+    let shot = |cursor: bool| {
+        let x = &x;
+        async move {
+            let batch: ActionBatch =
+                serde_json::from_value(json!({"actions": [{"action": "zoom", "region": [290, 290, 330, 330]}], "cursor": cursor}))
+                    .unwrap();
+            let out = input::execute(&x.config, batch, InputOptions::default())
+                .await
+                .unwrap();
+            let decoder = png::Decoder::new(std::io::Cursor::new(out.images[0].clone()));
+            let mut reader = decoder.read_info().unwrap();
+            let mut buf = vec![0; reader.output_buffer_size()];
+            let info = reader.next_frame(&mut buf).unwrap();
+            assert_eq!((info.width, info.height), (40, 40));
+            buf
+        }
+    };
+    let plain = shot(false).await;
+    let with_cursor = shot(true).await;
+    assert!(plain.iter().all(|b| *b == 255), "the window is white");
+    assert_ne!(plain, with_cursor, "the pointer is drawn");
+}
