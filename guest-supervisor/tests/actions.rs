@@ -458,3 +458,92 @@ async fn injected_input_resets_the_idle_timer_and_the_cursor_is_drawn() {
     assert!(plain.iter().all(|b| *b == 255), "the window is white");
     assert_ne!(plain, with_cursor, "the pointer is drawn");
 }
+
+/// Runs `xev` in the container (Xlib's own reading of the keyboard: its
+/// `XmbLookupString` line, UTF-8 under `C.UTF-8`) while `text` is typed
+/// into it, and returns what it read.
+async fn typed_as_xev_reads_it(x: &XServer, text: &str) -> String {
+    let display = format!("DISPLAY=:{DISPLAY}");
+    let child = std::process::Command::new("docker")
+        .args([
+            "exec",
+            "-e",
+            &display,
+            "-e",
+            "LANG=C.UTF-8",
+            &x.name,
+            "xev",
+            "-geometry",
+            "1280x800+0+0",
+            "-event",
+            "keyboard",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its window, once mapped: the focus follows the pointer (no window
+    // manager), so the pointer goes there.
+    let conn = x.connect();
+    let root = conn.setup().roots[0].root;
+    let started = Instant::now();
+    let window = loop {
+        let tree = conn.query_tree(root).unwrap().reply().unwrap();
+        let mapped = tree.children.iter().copied().find(|w| {
+            conn.get_window_attributes(*w)
+                .unwrap()
+                .reply()
+                .map(|a| a.map_state == x11rb::protocol::xproto::MapState::VIEWABLE)
+                .unwrap_or(false)
+        });
+        if let Some(w) = mapped {
+            break w;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "xev never mapped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let results = x
+        .run(json!({"actions": [{"action": "mouse_move", "coordinate": [640, 400]}, {"action": "type", "text": text}]}))
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.ok), "{results:?}");
+    // Let xev read everything, then end it through the server: it exits,
+    // flushing what it printed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    conn.kill_client(window).unwrap();
+    conn.sync().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let mut bytes = Vec::new();
+    let mut in_press = false;
+    for line in out.lines() {
+        if line.starts_with("KeyPress event") {
+            in_press = true;
+        } else if line.starts_with("KeyRelease event") {
+            in_press = false;
+        } else if in_press && line.trim_start().starts_with("XmbLookupString gives") {
+            if let Some(hex) = line.split_once('(').and_then(|(_, r)| r.split_once(')')) {
+                for b in hex.0.split_whitespace() {
+                    let b = u8::from_str_radix(b, 16).unwrap();
+                    bytes.push(if b == b'\r' { b'\n' } else { b });
+                }
+            }
+        }
+    }
+    String::from_utf8(bytes).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_is_exact_as_xlib_reads_it_under_us_de_and_ru() {
+    let Some(x) = XServer::start("typing_is_exact_as_xlib_reads_it") else {
+        return;
+    };
+    assert_eq!(typed_as_xev_reads_it(&x, SAMPLE).await, SAMPLE, "us");
+    for layout in ["de", "ru"] {
+        x.layout(layout);
+        assert_eq!(typed_as_xev_reads_it(&x, SAMPLE).await, SAMPLE, "{layout}");
+    }
+}
