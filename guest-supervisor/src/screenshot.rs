@@ -734,6 +734,51 @@ mod tests {
     }
 
     #[test]
+    fn shrinking_averages_the_pixels_of_each_box() {
+        // 4x2 → 2x1: each target pixel is the mean of a 2x2 box.
+        let mut s = Shrink::new(4, 2, 2, 1);
+        assert_eq!(s.push(&[0, 0, 0, 100, 100, 100, 10, 20, 30, 10, 20, 30]), None);
+        let row = s
+            .push(&[100, 100, 100, 200, 200, 200, 30, 40, 50, 30, 40, 50])
+            .expect("the last source row ends the target row")
+            .to_vec();
+        assert_eq!(row, [100, 100, 100, 20, 30, 40]);
+    }
+
+    #[test]
+    fn shrinking_by_an_odd_ratio_yields_every_target_row() {
+        let (sw, sh, ow, oh) = (7u32, 5u32, 3u32, 2u32);
+        let mut s = Shrink::new(sw, sh, ow, oh);
+        let src = vec![77u8; sw as usize * 3];
+        let mut rows = 0;
+        for _ in 0..sh {
+            if let Some(row) = s.push(&src) {
+                assert_eq!(row.len(), ow as usize * 3);
+                assert!(row.iter().all(|v| *v == 77), "{row:?}");
+                rows += 1;
+            }
+        }
+        assert_eq!(rows, oh);
+    }
+
+    #[test]
+    fn the_marker_is_drawn_centred_on_the_pointer() {
+        let marker = Overlay::marker(20, 10);
+        let mut row = vec![255u8; 40 * 3];
+        marker.draw(10, 0, &mut row);
+        // Row 10 is the cross's bar: black from x = 13 to 27.
+        assert_eq!(&row[12 * 3..12 * 3 + 3], &[255, 255, 255]);
+        assert_eq!(&row[13 * 3..13 * 3 + 3], &[0, 0, 0]);
+        assert_eq!(&row[27 * 3..27 * 3 + 3], &[0, 0, 0]);
+        assert_eq!(&row[28 * 3..28 * 3 + 3], &[255, 255, 255]);
+        // Rows outside it and a row starting right of it are untouched.
+        let mut far = vec![255u8; 40 * 3];
+        marker.draw(30, 0, &mut far);
+        marker.draw(10, 100, &mut far);
+        assert!(far.iter().all(|v| *v == 255));
+    }
+
+    #[test]
     fn counting_writer_counts() {
         let mut w = CountingWriter {
             inner: std::io::sink(),
