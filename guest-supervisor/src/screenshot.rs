@@ -737,7 +737,10 @@ mod tests {
     fn shrinking_averages_the_pixels_of_each_box() {
         // 4x2 → 2x1: each target pixel is the mean of a 2x2 box.
         let mut s = Shrink::new(4, 2, 2, 1);
-        assert_eq!(s.push(&[0, 0, 0, 100, 100, 100, 10, 20, 30, 10, 20, 30]), None);
+        assert_eq!(
+            s.push(&[0, 0, 0, 100, 100, 100, 10, 20, 30, 10, 20, 30]),
+            None
+        );
         let row = s
             .push(&[100, 100, 100, 200, 200, 200, 30, 40, 50, 30, 40, 50])
             .expect("the last source row ends the target row")

@@ -41,6 +41,8 @@ const SAMPLE: &str = "Grüße, 世界 ✓ — ¿qué? «ok»\t\n";
 struct XServer {
     name: String,
     config: Config,
+    /// Mounted at `/srv/www` in the container.
+    www: std::path::PathBuf,
     _dir: TempDir,
     _guard: ContainerGuard,
 }
@@ -58,6 +60,10 @@ impl XServer {
         std::fs::create_dir_all(&sockets).unwrap();
         std::fs::set_permissions(&sockets, std::fs::Permissions::from_mode(0o1777)).unwrap();
         let mount = format!("{}:/tmp/.X11-unix", sockets.display());
+        // Pages for a browser in the container, read-only.
+        let www = dir.path().join("www");
+        std::fs::create_dir_all(&www).unwrap();
+        let www_mount = format!("{}:/srv/www:ro", www.display());
         let label = format!("{TEST_LABEL}=1");
         let display = format!(":{DISPLAY}");
         let screen = format!("{WIDTH}x{HEIGHT}x24");
@@ -78,6 +84,10 @@ impl XServer {
             "1000:1000",
             "-v",
             &mount,
+            "-v",
+            &www_mount,
+            "--shm-size",
+            "256m",
             "--entrypoint",
             "Xvfb",
             &image,
@@ -108,6 +118,7 @@ impl XServer {
         Some(Self {
             name,
             config,
+            www,
             _dir: dir,
             _guard: guard,
         })
@@ -190,8 +201,8 @@ impl Witness {
                 screen.root,
                 0,
                 0,
-                WIDTH as u16,
-                HEIGHT as u16,
+                u16::try_from(WIDTH).unwrap(),
+                u16::try_from(HEIGHT).unwrap(),
                 0,
                 WindowClass::INPUT_OUTPUT,
                 screen.root_visual,
@@ -545,5 +556,131 @@ async fn typing_is_exact_as_xlib_reads_it_under_us_de_and_ru() {
     for layout in ["de", "ru"] {
         x.layout(layout);
         assert_eq!(typed_as_xev_reads_it(&x, SAMPLE).await, SAMPLE, "{layout}");
+    }
+}
+
+/// A page whose title mirrors its text area, percent-encoded (`T:<text>`);
+/// Tab is inserted, not moved on.
+const PAGE: &str = r#"<!doctype html><html><head><meta charset="utf-8"><title>ready</title></head>
+<body style="margin:0"><textarea id="t" style="width:100vw;height:100vh;border:0"></textarea>
+<script>
+const t = document.getElementById('t');
+function report() { document.title = 'T:' + encodeURIComponent(t.value); }
+t.addEventListener('keydown', e => {
+  if (e.key === 'Tab') { e.preventDefault(); t.setRangeText('\t', t.selectionStart, t.selectionEnd, 'end'); report(); }
+});
+t.addEventListener('input', report);
+t.focus();
+</script></body></html>"#;
+
+/// The `_NET_WM_NAME` of the first top-level window that has one starting
+/// with `prefix`.
+fn title_with(conn: &RustConnection, prefix: &str) -> Option<String> {
+    let root = conn.setup().roots[0].root;
+    let utf8 = conn
+        .intern_atom(false, b"UTF8_STRING")
+        .unwrap()
+        .reply()
+        .unwrap()
+        .atom;
+    let name = conn
+        .intern_atom(false, b"_NET_WM_NAME")
+        .unwrap()
+        .reply()
+        .unwrap()
+        .atom;
+    let tree = conn.query_tree(root).unwrap().reply().unwrap();
+    tree.children.iter().find_map(|w| {
+        let reply = conn
+            .get_property(false, *w, name, utf8, 0, 1 << 16)
+            .ok()?
+            .reply()
+            .ok()?;
+        let title = String::from_utf8(reply.value).ok()?;
+        title.starts_with(prefix).then_some(title)
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 3 <= b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Waits (20 s at most) for the page's title to hold `expected`; answers
+/// what it holds last.
+fn page_text_when(conn: &RustConnection, expected: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let text = title_with(conn, "T:")
+            .map(|t| percent_decode(&t[2..]))
+            .unwrap_or_default();
+        if text == expected || started.elapsed() > Duration::from_secs(20) {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_into_chromium_is_exact_under_us_de_and_ru() {
+    let Some(x) = XServer::start("typing_into_chromium_is_exact") else {
+        return;
+    };
+    std::fs::write(x.www.join("page.html"), PAGE).unwrap();
+    let display = format!("DISPLAY=:{DISPLAY}");
+    docker_ok(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000:1000",
+        "-e",
+        &display,
+        "-e",
+        "HOME=/home/desk",
+        &x.name,
+        "chromium",
+        "--no-sandbox",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-gpu",
+        "--user-data-dir=/tmp/chromium",
+        "--window-position=0,0",
+        "--window-size=1280,800",
+        "--app=file:///srv/www/page.html",
+    ]);
+    let conn = x.connect();
+    let started = Instant::now();
+    while title_with(&conn, "ready").is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the page never loaded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Focus by clicking into the text area (the focus follows the pointer).
+    x.run(json!({"actions": [{"action": "left_click", "coordinate": [640, 400]}]}))
+        .await
+        .unwrap();
+    for layout in ["us", "de", "ru"] {
+        x.layout(layout);
+        let results = x
+            .run(json!({"actions": [
+                {"action": "key", "text": "ctrl+a BackSpace"},
+                {"action": "type", "text": SAMPLE}]}))
+            .await
+            .unwrap();
+        assert!(results.iter().all(|r| r.ok), "{results:?}");
+        assert_eq!(page_text_when(&conn, SAMPLE), SAMPLE, "{layout}");
     }
 }
