@@ -683,4 +683,33 @@ async fn typing_into_chromium_is_exact_under_us_de_and_ru() {
         assert!(results.iter().all(|r| r.ok), "{results:?}");
         assert_eq!(page_text_when(&conn, SAMPLE), SAMPLE, "{layout}");
     }
+    // 1000 characters, ASCII and not: how fast they are sent and
+    // how soon the page holds all of them, exactly (the layout is still ru).
+    let unit = "Grüße, 世界 ✓ — ¿qué? «ok» Привет abc XYZ 0123 @€{}|~\n";
+    let long: String = unit.chars().cycle().take(1000).collect();
+    x.run(json!({"actions": [{"action": "key", "text": "ctrl+a BackSpace"}]}))
+        .await
+        .unwrap();
+    assert_eq!(page_text_when(&conn, ""), "");
+    let started = Instant::now();
+    let results = x
+        .run(json!({"actions": [{"action": "type", "text": long}]}))
+        .await
+        .unwrap();
+    let sent = started.elapsed();
+    assert!(results[0].ok, "{results:?}");
+    let got = page_text_when(&conn, &long);
+    let arrived = started.elapsed();
+    let same = got
+        .chars()
+        .zip(long.chars())
+        .filter(|(a, b)| a == b)
+        .count();
+    println!(
+        "chromium, ru layout, 1000 mixed chars: batch {:.0} ms ({:.0} chars/s), page complete after {:.0} ms, {same}/1000 in place",
+        sent.as_secs_f64() * 1000.0,
+        1000.0 / sent.as_secs_f64(),
+        arrived.as_secs_f64() * 1000.0
+    );
+    assert_eq!(got, long);
 }

@@ -8,8 +8,6 @@
 //! modifier map (a core rewrite of such a key can lose what XKB knows about
 //! it), and every binding it makes is undone by [`Keymap::restore`].
 
-use std::time::Duration;
-
 use x11rb::connection::Connection as _;
 use x11rb::protocol::xproto::{ConnectionExt as _, Keycode};
 use x11rb::rust_connection::RustConnection;
@@ -215,10 +213,11 @@ impl Keymap {
 
     /// Sends the pending bindings, one request per run of consecutive spare
     /// keycodes, and waits for the server to have applied them (one round
-    /// trip), so no key is pressed before its keysym is there.
-    pub fn flush(&mut self, conn: &RustConnection) -> Result<(), XError> {
+    /// trip), so no key is pressed before its keysym is there. Answers
+    /// whether anything was sent.
+    pub fn flush(&mut self, conn: &RustConnection) -> Result<bool, XError> {
         if !self.dirty {
-            return Ok(());
+            return Ok(false);
         }
         let bound = self.bound.clone();
         self.write(conn, |k| {
@@ -233,17 +232,17 @@ impl Keymap {
         })?;
         conn.get_input_focus()?.reply()?;
         self.dirty = false;
-        Ok(())
+        Ok(true)
     }
 
-    /// Undoes every binding after `settle` (clients read the mapping when
-    /// they handle its change notice, which may be after the keys were
-    /// sent; restoring too early would make them read the keys as nothing).
-    pub fn restore(&mut self, conn: &RustConnection, settle: Duration) -> Result<(), XError> {
+    /// Undoes every binding. The caller first makes sure the clients have
+    /// handled the keys sent with them: a client reads the mapping when it
+    /// handles its change notice, and one that does so before handling the
+    /// keys queued ahead of it reads them as nothing.
+    pub fn restore(&mut self, conn: &RustConnection) -> Result<(), XError> {
         if self.bound.is_empty() {
             return Ok(());
         }
-        std::thread::sleep(settle);
         let bound: Vec<Keycode> = self.bound.iter().map(|(k, _, _)| *k).collect();
         self.write(conn, |k| bound.contains(&k).then_some([0, 0]))?;
         conn.get_input_focus()?.reply()?;

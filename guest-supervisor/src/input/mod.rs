@@ -32,9 +32,41 @@ use crate::config::Config;
 use crate::screenshot::{self, CaptureSpec, Rect, ScreenshotError};
 use crate::x_client::{self, XError};
 
-/// `Return`, `Tab` and `Shift_L`.
+/// `Return` and `Tab`.
 const RETURN: u32 = 0xff0d;
 const TAB: u32 = 0xff09;
+
+/// Keysyms that make a combination a shortcut: Control, Meta, Alt, Super,
+/// Hyper (left and right).
+const SHORTCUT_MODIFIERS: &[u32] = &[
+    0xffe3, 0xffe4, 0xffe7, 0xffe8, 0xffe9, 0xffea, 0xffeb, 0xffec, 0xffed, 0xffee,
+];
+
+/// The keycode (evdev numbering, which Xvfb and every current X server
+/// use) of an ASCII letter or digit on a US keyboard, and whether it is the
+/// shifted one.
+fn us_position(sym: u32) -> Option<(Keycode, bool)> {
+    const ROWS: &[(&[u8], u8)] = &[
+        (b"1234567890", 10),
+        (b"qwertyuiop", 24),
+        (b"asdfghjkl", 38),
+        (b"zxcvbnm", 52),
+    ];
+    let c = u8::try_from(sym).ok()?;
+    let (lower, shift) = if c.is_ascii_uppercase() {
+        (c.to_ascii_lowercase(), true)
+    } else {
+        (c, false)
+    };
+    ROWS.iter().find_map(|(row, first)| {
+        let i = row.iter().position(|r| *r == lower)?;
+        let i = u8::try_from(i).ok()?;
+        Some((first + i, shift))
+    })
+}
+
+/// Longest wait for the focused client's answer to a ping.
+const PING_BOUND: Duration = Duration::from_secs(10);
 
 /// Steps of the pointer's path between the ends of a drag: applications
 /// start a drag only after motion with the button held.
@@ -46,8 +78,10 @@ pub struct InputOptions {
     /// Pause after each typed character; zero (the default) types as fast
     /// as the X server takes the events (each chunk ends with a round trip).
     pub char_delay: Duration,
-    /// How long bindings stay after their last key before they are undone
-    /// or replaced, for clients that read the new mapping late.
+    /// How long new bindings are given to reach the clients before their
+    /// keys are pressed, and stay after their last key before they are
+    /// undone or replaced: clients read a changed mapping when they handle
+    /// its notice, which may be after keys already queued (Chromium does).
     pub settle: Duration,
 }
 
@@ -237,6 +271,8 @@ fn run_batch(
         keymap: None,
         images: Vec::new(),
         image_bytes: 0,
+        ping_atoms: None,
+        pings: 0,
         xtest: conn
             .extension_information(xtest::X11_EXTENSION_NAME)
             .map_err(XError::from)?
@@ -258,13 +294,20 @@ fn run_batch(
             }
         }
     }
-    // Undo bindings whatever happened; a failure here is the last result's.
-    if let Some(keymap) = run.keymap.as_mut() {
-        if let Err(e) = keymap.restore(conn, options.settle) {
-            let e = ActionError::from(e);
-            if let Some(last) = results.last_mut() {
-                *last = ActionResult::failed(last.action, e.code(), e.to_string());
-            }
+    // Undo bindings whatever happened, once the focused client has handled
+    // their keys; a failure here is the last result's.
+    let restored = match run.keymap.as_ref().map(Keymap::has_bindings) {
+        Some(true) => run.settle().and_then(|()| {
+            run.keymap
+                .as_mut()
+                .map_or(Ok(()), |k| k.restore(conn))
+                .map_err(ActionError::from)
+        }),
+        _ => Ok(()),
+    };
+    if let Err(e) = restored {
+        if let Some(last) = results.last_mut() {
+            *last = ActionResult::failed(last.action, e.code(), e.to_string());
         }
     }
     let image_lens = run
@@ -293,6 +336,9 @@ struct Runner<'a> {
     image_bytes: usize,
     xtest: bool,
     slot: &'a SlotFn<'a>,
+    /// `WM_PROTOCOLS` and `_NET_WM_PING`, once interned.
+    ping_atoms: Option<(u32, u32)>,
+    pings: u32,
 }
 
 impl Runner<'_> {
@@ -484,17 +530,29 @@ impl Runner<'_> {
     fn resolve(&mut self, combo: &[u32], text: &str) -> Result<Vec<KeyAt>, ActionError> {
         let conn = self.conn;
         let keymap = self.keymap()?;
+        let shortcut = combo.iter().any(|s| SHORTCUT_MODIFIERS.contains(s));
         let mut keys = Vec::with_capacity(combo.len());
         for sym in combo {
             let at = match keymap.find(*sym, true) {
                 Some(at) => at,
-                None => keymap
-                    .bind(*sym, false)
-                    .ok_or_else(|| ActionError::NoSpareKeycode(text.to_owned()))?,
+                // A shortcut with a Latin letter or digit the layout lacks
+                // (ctrl+a under a Cyrillic layout): the key at that
+                // character's place on a US keyboard, as a person presses
+                // it; applications match shortcuts by that place.
+                None => {
+                    match us_position(*sym).filter(|(k, _)| shortcut && !keymap.is_modifier(*k)) {
+                        Some((keycode, shift)) => KeyAt { keycode, shift },
+                        None => keymap
+                            .bind(*sym, false)
+                            .ok_or_else(|| ActionError::NoSpareKeycode(text.to_owned()))?,
+                    }
+                }
             };
             keys.push(at);
         }
-        keymap.flush(conn)?;
+        if keymap.flush(conn)? {
+            self.settle()?;
+        }
         Ok(keys)
     }
 
@@ -622,6 +680,124 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// Waits until the client with the keyboard focus has handled all input
+    /// and mapping changes sent so far: a `_NET_WM_PING` sent now is queued
+    /// behind them, so its answer says so (bounded by [`PING_BOUND`]). A
+    /// client without the ping protocol (or without an answer) gets
+    /// `options.settle` instead.
+    fn settle(&mut self) -> Result<(), ActionError> {
+        if !self.ping_focus()? {
+            std::thread::sleep(self.options.settle);
+        }
+        Ok(())
+    }
+
+    fn ping_focus(&mut self) -> Result<bool, ActionError> {
+        let conn = self.conn;
+        let (protocols, ping) = match self.ping_atoms {
+            Some(atoms) => atoms,
+            None => {
+                let atoms = (
+                    x_client::atom(conn, b"WM_PROTOCOLS")?,
+                    x_client::atom(conn, b"_NET_WM_PING")?,
+                );
+                // Answers go to the root window, to those who listen there.
+                conn.change_window_attributes(
+                    self.root,
+                    &xproto::ChangeWindowAttributesAux::new()
+                        .event_mask(xproto::EventMask::SUBSTRUCTURE_NOTIFY),
+                )
+                .map_err(XError::from)?;
+                self.ping_atoms = Some(atoms);
+                atoms
+            }
+        };
+        let Some(target) = self.ping_target(protocols, ping)? else {
+            return Ok(false);
+        };
+        self.pings = self.pings.wrapping_add(1);
+        // A timestamp of its own, so another client's answers do not count.
+        let stamp = 0x444d_0000 | (self.pings & 0xffff);
+        let message =
+            xproto::ClientMessageEvent::new(32, target, protocols, [ping, stamp, target, 0, 0]);
+        conn.send_event(false, target, xproto::EventMask::NO_EVENT, message)
+            .map_err(XError::from)?;
+        conn.flush().map_err(XError::from)?;
+        let deadline = std::time::Instant::now() + PING_BOUND;
+        loop {
+            match conn.poll_for_event().map_err(XError::from)? {
+                Some(Event::ClientMessage(m)) if m.type_ == protocols => {
+                    let data = m.data.as_data32();
+                    if data[0] == ping && data[1] == stamp {
+                        return Ok(true);
+                    }
+                }
+                Some(_) => {}
+                None if std::time::Instant::now() >= deadline => return Ok(false),
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// The window that takes the keyboard now and speaks `_NET_WM_PING`:
+    /// the focus window or one of its ancestors; with the focus following
+    /// the pointer, the windows under the pointer.
+    fn ping_target(&self, protocols: u32, ping: u32) -> Result<Option<u32>, ActionError> {
+        let conn = self.conn;
+        let speaks_ping = |w: u32| -> Result<bool, ActionError> {
+            let reply = conn
+                .get_property(false, w, protocols, xproto::AtomEnum::ATOM, 0, 64)
+                .map_err(XError::from)?
+                .reply();
+            Ok(match reply {
+                Ok(r) => r.value32().is_some_and(|mut v| v.any(|a| a == ping)),
+                // The window went away meanwhile.
+                Err(_) => false,
+            })
+        };
+        let focus = conn
+            .get_input_focus()
+            .map_err(XError::from)?
+            .reply()
+            .map_err(XError::from)?
+            .focus;
+        let mut candidates = Vec::new();
+        if focus > 1 && focus != self.root {
+            // Up from the focus window.
+            let mut w = focus;
+            for _ in 0..32 {
+                if w == 0 || w == self.root {
+                    break;
+                }
+                candidates.push(w);
+                w = match conn.query_tree(w).map_err(XError::from)?.reply() {
+                    Ok(t) => t.parent,
+                    Err(_) => break,
+                };
+            }
+        } else {
+            // Down along the pointer.
+            let mut w = self.root;
+            for _ in 0..32 {
+                let child = match conn.query_pointer(w).map_err(XError::from)?.reply() {
+                    Ok(p) => p.child,
+                    Err(_) => break,
+                };
+                if child == 0 {
+                    break;
+                }
+                candidates.push(child);
+                w = child;
+            }
+        }
+        for w in candidates {
+            if speaks_ping(w)? {
+                return Ok(Some(w));
+            }
+        }
+        Ok(None)
+    }
+
     /// Types `text` exactly: each character from the layout where it has
     /// it at level 1 or 2, otherwise bound to a spare keycode; as many
     /// characters per chunk as there are spare keycodes, each chunk bound
@@ -677,7 +853,9 @@ impl Runner<'_> {
                 ));
             }
             let conn = self.conn;
-            self.keymap()?.flush(conn)?;
+            if self.keymap()?.flush(conn)? {
+                self.settle()?;
+            }
             for at in &chunk {
                 let keys = [*at];
                 self.press_all(&keys)?;
@@ -689,8 +867,8 @@ impl Runner<'_> {
             }
             self.sync()?;
             if i < chars.len() {
-                let settle = self.options.settle;
-                self.keymap()?.restore(conn, settle)?;
+                self.settle()?;
+                self.keymap()?.restore(conn)?;
             }
         }
         Ok(())
@@ -728,6 +906,16 @@ fn invalid(name: ActionName, problem: actions::Problem) -> ActionError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn us_positions_follow_evdev() {
+        assert_eq!(us_position(u32::from(b'a')), Some((38, false)));
+        assert_eq!(us_position(u32::from(b'L')), Some((46, true)));
+        assert_eq!(us_position(u32::from(b'1')), Some((10, false)));
+        assert_eq!(us_position(u32::from(b'0')), Some((19, false)));
+        assert_eq!(us_position(u32::from(b'm')), Some((58, false)));
+        assert_eq!(us_position(0xff0d), None);
+    }
 
     #[test]
     fn text_becomes_one_keysym_per_character() {
