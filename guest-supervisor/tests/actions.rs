@@ -22,7 +22,7 @@ use dormouse_e2e::{
 };
 use dormouse_protocol::actions::{keysym, ActionBatch, ActionResult};
 use dormouse_supervisor::input::{self, ExecuteError, InputOptions};
-use dormouse_supervisor::Config;
+use dormouse_supervisor::{screenshot, Config};
 use serde_json::json;
 use x11rb::connection::Connection as _;
 use x11rb::protocol::xproto::{
@@ -712,4 +712,106 @@ async fn typing_into_chromium_is_exact_under_us_de_and_ru() {
         arrived.as_secs_f64() * 1000.0
     );
     assert_eq!(got, long);
+}
+
+/// Median milliseconds of `n` captures of `spec` into a sink.
+fn capture_ms(conn: &RustConnection, spec: &screenshot::CaptureSpec, n: usize) -> f64 {
+    let mut times: Vec<f64> = (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            let sink = screenshot::CountingWriter {
+                inner: std::io::sink(),
+                count: 0,
+            };
+            screenshot::encode(conn, 0, spec, sink).unwrap();
+            started.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[n / 2]
+}
+
+#[test]
+fn screenshot_variants_and_their_cost() {
+    let Some(x) = XServer::start("screenshot_variants_and_their_cost") else {
+        return;
+    };
+    let conn = x.connect();
+    // Something to encode: the witness's white window is too easy, so a
+    // pattern is drawn over the root window.
+    let screen = &conn.setup().roots[0];
+    let gc = conn.generate_id().unwrap();
+    conn.create_gc(
+        gc,
+        screen.root,
+        &x11rb::protocol::xproto::CreateGCAux::new(),
+    )
+    .unwrap();
+    for i in 0..200u32 {
+        conn.change_gc(
+            gc,
+            &x11rb::protocol::xproto::ChangeGCAux::new().foreground(i.wrapping_mul(0x010305)),
+        )
+        .unwrap();
+        let rect = x11rb::protocol::xproto::Rectangle {
+            x: i16::try_from(i * 6).unwrap(),
+            y: i16::try_from(i * 4).unwrap(),
+            width: 200,
+            height: 120,
+        };
+        conn.poly_fill_rectangle(screen.root, gc, &[rect]).unwrap();
+    }
+    conn.sync().unwrap();
+    let full = screenshot::CaptureSpec::default();
+    let root_ms = {
+        let mut times: Vec<f64> = (0..7)
+            .map(|_| {
+                let started = Instant::now();
+                screenshot::encode_root(&conn, 0, std::io::sink()).unwrap();
+                started.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[3]
+    };
+    let scaled = screenshot::CaptureSpec {
+        size: Some((1024, 640)),
+        ..full
+    };
+    let zoom = screenshot::CaptureSpec {
+        region: Some(screenshot::Rect {
+            x: 100,
+            y: 100,
+            width: 320,
+            height: 200,
+        }),
+        ..full
+    };
+    let cursor = screenshot::CaptureSpec {
+        cursor: true,
+        ..full
+    };
+    println!(
+        "capture medians ({WIDTH}x{HEIGHT}): encode_root {root_ms:.1} ms, full {:.1} ms, scaled to 1024x640 {:.1} ms, zoom 320x200 {:.1} ms, full with cursor {:.1} ms",
+        capture_ms(&conn, &full, 7),
+        capture_ms(&conn, &scaled, 7),
+        capture_ms(&conn, &zoom, 7),
+        capture_ms(&conn, &cursor, 7)
+    );
+    // A region outside the screen or an enlarged size are refused.
+    let outside = screenshot::CaptureSpec {
+        region: Some(screenshot::Rect {
+            x: 1200,
+            y: 0,
+            width: 100,
+            height: 10,
+        }),
+        ..full
+    };
+    assert!(screenshot::encode(&conn, 0, &outside, std::io::sink()).is_err());
+    let bigger = screenshot::CaptureSpec {
+        size: Some((WIDTH + 1, HEIGHT)),
+        ..full
+    };
+    assert!(screenshot::encode(&conn, 0, &bigger, std::io::sink()).is_err());
 }
