@@ -815,3 +815,52 @@ fn screenshot_variants_and_their_cost() {
     };
     assert!(screenshot::encode(&conn, 0, &bigger, std::io::sink()).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_failing_part_way_reports_what_ran() {
+    let Some(x) = XServer::start("a_batch_failing_part_way_reports_what_ran") else {
+        return;
+    };
+    let w = Witness::start(&x);
+    // hold_key holds for its duration and releases: typing afterwards is
+    // plain again.
+    let started = Instant::now();
+    let results = x
+        .run(json!({"actions": [{"action": "hold_key", "text": "shift", "duration": 0.3}, {"action": "type", "text": "a"}]}))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(results.iter().all(|r| r.ok), "{results:?}");
+    assert_eq!(w.text_when("a"), "a");
+
+    // Control held by another client: typing would send shortcuts, so the
+    // type action fails, the move before it ran, the one after did not.
+    w.clear();
+    let conn = x.connect();
+    use x11rb::protocol::xtest::ConnectionExt as _;
+    let root = conn.setup().roots[0].root;
+    let control = 37; // Control_L in the evdev keymap of Xvfb
+    conn.xtest_fake_input(2, control, 0, root, 0, 0, 0).unwrap();
+    conn.sync().unwrap();
+    let results = x
+        .run(json!({"actions": [
+            {"action": "mouse_move", "coordinate": [5, 5]},
+            {"action": "type", "text": "b"},
+            {"action": "mouse_move", "coordinate": [600, 600]}]}))
+        .await
+        .unwrap();
+    conn.xtest_fake_input(3, control, 0, root, 0, 0, 0).unwrap();
+    conn.sync().unwrap();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[0].ok);
+    assert!(!results[1].ok);
+    assert_eq!(results[1].error.as_ref().unwrap().code, "modifiers_active");
+    let pointer = conn.query_pointer(root).unwrap().reply().unwrap();
+    assert_eq!(
+        (pointer.root_x, pointer.root_y),
+        (5, 5),
+        "the last move did not run"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(w.seen.lock().unwrap().text, "", "nothing typed");
+}
