@@ -1340,6 +1340,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_and_its_answer_fit_a_kind_tagged_guest_message() {
+        // The shape the guest request and answer take: a newtype variant of
+        // an enum tagged by `kind`, as `Request` and `Response` are.
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        enum Message {
+            Actions(ActionBatch),
+            ActionResults(GuestActionResults),
+        }
+        let wire = json!({"kind": "actions", "actions": [{"action": "cursor_position"}],
+                          "scale": {"width": 1024, "height": 768}});
+        let m: Message = serde_json::from_value(wire.clone()).expect("parse");
+        assert!(matches!(&m, Message::Actions(b) if b.actions.len() == 1 && b.scale.is_some()));
+        assert_eq!(serde_json::to_value(&m).expect("serialize"), wire);
+        let answer = json!({"kind": "action_results", "results": [
+            {"action": "screenshot", "ok": true, "image": {"media_type": "image/png", "data": ""}, "size": [2, 1]}],
+            "image_lens": [67]});
+        let m: Message = serde_json::from_value(answer.clone()).expect("parse");
+        assert_eq!(serde_json::to_value(&m).expect("serialize"), answer);
+        assert!(serde_json::from_value::<Message>(
+            json!({"kind": "actions", "actions": [], "bogus": 1})
+        )
+        .is_err());
+    }
+
+    #[test]
     fn base64_is_the_standard_alphabet() {
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");
