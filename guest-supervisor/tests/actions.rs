@@ -864,3 +864,80 @@ async fn a_batch_failing_part_way_reports_what_ran() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(w.seen.lock().unwrap().text, "", "nothing typed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_into_xterm_is_exact_under_us_de_and_ru() {
+    let Some(x) = XServer::start("typing_into_xterm_is_exact") else {
+        return;
+    };
+    let display = format!("DISPLAY=:{DISPLAY}");
+    // The terminal of the image, its shell's `cat` writing every line it
+    // reads to a file (the terminal's line discipline passes tabs as is).
+    docker_ok(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000:1000",
+        "-e",
+        &display,
+        "-e",
+        "LANG=C.UTF-8",
+        "-e",
+        "HOME=/home/desk",
+        &x.name,
+        "xterm",
+        "-geometry",
+        "100x20+0+0",
+        "-e",
+        "sh",
+        "-c",
+        "stty -echo; cat > /tmp/typed",
+    ]);
+    let conn = x.connect();
+    let root = conn.setup().roots[0].root;
+    let started = Instant::now();
+    loop {
+        let tree = conn.query_tree(root).unwrap().reply().unwrap();
+        let mapped = tree.children.iter().any(|w| {
+            conn.get_window_attributes(*w)
+                .unwrap()
+                .reply()
+                .is_ok_and(|a| a.map_state == x11rb::protocol::xproto::MapState::VIEWABLE)
+        });
+        if mapped
+            && docker(&["exec", &x.name, "test", "-e", "/tmp/typed"])
+                .status
+                .success()
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "xterm never came up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    x.run(json!({"actions": [{"action": "mouse_move", "coordinate": [100, 100]}]}))
+        .await
+        .unwrap();
+    let mut expected = String::new();
+    for layout in ["us", "de", "ru"] {
+        x.layout(layout);
+        let results = x
+            .run(json!({"actions": [{"action": "type", "text": SAMPLE}]}))
+            .await
+            .unwrap();
+        assert!(results.iter().all(|r| r.ok), "{results:?}");
+        expected.push_str(SAMPLE);
+        let started = Instant::now();
+        let got = loop {
+            let out = docker(&["exec", &x.name, "cat", "/tmp/typed"]);
+            let got = String::from_utf8_lossy(&out.stdout).into_owned();
+            if got == expected || started.elapsed() > Duration::from_secs(10) {
+                break got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(got, expected, "{layout}");
+    }
+}
