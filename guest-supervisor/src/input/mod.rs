@@ -68,6 +68,11 @@ fn us_position(sym: u32) -> Option<(Keycode, bool)> {
 /// Longest wait for the focused client's answer to a ping.
 const PING_BOUND: Duration = Duration::from_secs(10);
 
+/// Extra settle per key sent, for clients that cannot be pinged.
+const SETTLE_PER_KEY: Duration = Duration::from_micros(250);
+/// Longest settle for clients that cannot be pinged.
+const SETTLE_MAX: Duration = Duration::from_secs(3);
+
 /// Steps of the pointer's path between the ends of a drag: applications
 /// start a drag only after motion with the button held.
 const DRAG_STEPS: i64 = 8;
@@ -273,6 +278,7 @@ fn run_batch(
         image_bytes: 0,
         ping_atoms: None,
         pings: 0,
+        keys_since_settle: 0,
         xtest: conn
             .extension_information(xtest::X11_EXTENSION_NAME)
             .map_err(XError::from)?
@@ -339,6 +345,8 @@ struct Runner<'a> {
     /// `WM_PROTOCOLS` and `_NET_WM_PING`, once interned.
     ping_atoms: Option<(u32, u32)>,
     pings: u32,
+    /// Keys pressed since the last [`Runner::settle`].
+    keys_since_settle: u32,
 }
 
 impl Runner<'_> {
@@ -575,6 +583,7 @@ impl Runner<'_> {
                 }
             }
             self.key(k.keycode, true)?;
+            self.keys_since_settle = self.keys_since_settle.saturating_add(1);
         }
         Ok(())
     }
@@ -684,10 +693,14 @@ impl Runner<'_> {
     /// and mapping changes sent so far: a `_NET_WM_PING` sent now is queued
     /// behind them, so its answer says so (bounded by [`PING_BOUND`]). A
     /// client without the ping protocol (or without an answer) gets
-    /// `options.settle` instead.
+    /// `options.settle` plus [`SETTLE_PER_KEY`] for every key pressed since
+    /// the last settle: a client that lags behind lags in proportion to
+    /// what it was sent (capped at [`SETTLE_MAX`]).
     fn settle(&mut self) -> Result<(), ActionError> {
+        let backlog = std::mem::take(&mut self.keys_since_settle);
         if !self.ping_focus()? {
-            std::thread::sleep(self.options.settle);
+            let extra = SETTLE_PER_KEY.saturating_mul(backlog);
+            std::thread::sleep((self.options.settle + extra).min(SETTLE_MAX));
         }
         Ok(())
     }
