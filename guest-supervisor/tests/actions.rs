@@ -330,6 +330,18 @@ async fn typing_is_exact_under_us_de_fr_and_ru_layouts() {
         1000.0 / took.as_secs_f64()
     );
     x.layout("us");
+    // ASCII only: no binding, so no settle; the raw pace.
+    let ascii: String = "The quick brown fox jumps over the lazy dog. 0123456789 !?\n"
+        .chars()
+        .cycle()
+        .take(1000)
+        .collect();
+    let took = type_and_witness(&x, &w, &ascii).await;
+    println!(
+        "typing 1000 ASCII chars (us layout, nothing to bind): {:.0} ms, {:.0} chars/s, exact",
+        took.as_secs_f64() * 1000.0,
+        1000.0 / took.as_secs_f64()
+    );
     let took = type_and_witness(&x, &w, &long).await;
     println!(
         "typing 1000 chars (us layout, mixed): {:.0} ms, {:.0} chars/s, exact",

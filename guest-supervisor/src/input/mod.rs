@@ -9,6 +9,15 @@
 //! characters the layout lacks to spare keycodes for as long as it needs
 //! them ([`keymap`]) and restores the mapping before the batch answers.
 //!
+//! Exactness against clients: a client reads a changed mapping when it
+//! handles the change's notice, possibly after keys queued before the next
+//! change. So a binding is used, and undone or replaced, only once the
+//! focused client has handled everything before: it answers a
+//! `_NET_WM_PING` queued behind them (Chromium, Firefox, GTK and Qt apps do);
+//! a client without that protocol (xterm) gets a settle time that grows with
+//! the keys it was sent. Characters the layout has need no binding and go
+//! as fast as the server takes them.
+//!
 //! It must never run a batch that [`dormouse_protocol::actions::validate`]
 //! refuses for this screen, never spawn a process (no xdotool), and never
 //! leave a key or button pressed that the batch did not ask to keep pressed.
