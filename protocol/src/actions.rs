@@ -73,6 +73,12 @@ pub struct ActionBatch {
     pub cursor: bool,
 }
 
+// A batch is compared whole, as the guest `Request` holding it is: its only
+// floats are durations, which JSON cannot make NaN and validation refuses
+// unless finite, so equality is an equivalence on every batch that exists.
+impl Eq for ActionBatch {}
+impl Eq for Action {}
+
 /// The box the caller's space must fit in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
