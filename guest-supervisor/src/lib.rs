@@ -11,6 +11,7 @@ pub mod config_file;
 pub mod exec;
 pub mod identity;
 pub mod init;
+pub mod input;
 pub mod locks;
 pub mod nofollow;
 pub mod prepare;

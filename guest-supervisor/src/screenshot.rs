@@ -1,7 +1,11 @@
-//! Screenshots of the whole root window, encoded as PNG.
+//! Screenshots of the root window, encoded as PNG: the whole screen, a
+//! region of it at native resolution (zoom), or shrunk to a target size, with
+//! the pointer drawn in when asked.
 //!
 //! Owns reading the screen through X11 `GetImage` (ZPixmap) and turning it
-//! into RGB PNG rows. The screen is read in horizontal strips of at most
+//! into RGB PNG rows, shrinking by area averaging as the rows arrive, and
+//! drawing the pointer (XFIXES `GetCursorImage`, or a marker at
+//! `QueryPointer` without XFIXES). The screen is read in horizontal strips of at most
 //! [`STRIP_BYTES`] and each strip is encoded as it arrives, so a capture never
 //! holds the raw screen in memory (the supervisor's whole budget is 4 MiB
 //! RSS). Every strip's length is checked against `stride × rows`, so a capture
@@ -90,10 +94,9 @@ pub async fn capture(config: &Config) -> Result<Screenshot, ScreenshotError> {
     let (stats, png) = x_client::with_display(config, remaining, |conn, screen| {
         // A noisy screen of the largest size could make a PNG bigger than a
         // frame may carry; stop there instead of growing without bound.
-        let mut png = BoundedVec {
-            bytes: Vec::new(),
-            limit: dormouse_protocol::MAX_PAYLOAD_LEN as usize,
-        };
+        let mut png = BoundedVec::new(
+            usize::try_from(dormouse_protocol::MAX_PAYLOAD_LEN).unwrap_or(usize::MAX),
+        );
         let stats = encode_root(conn, screen, &mut png).map_err(into_x_error)?;
         Ok((stats, png.bytes))
     })
@@ -139,7 +142,8 @@ impl Channel {
     fn decode(self, pixel: u32) -> u8 {
         let v = u64::from((pixel & self.mask) >> self.shift);
         let max = u64::from(self.max);
-        ((v * 255 + max / 2) / max) as u8
+        // v <= max, so the quotient is at most 255.
+        u8::try_from((v * 255 + max / 2) / max).unwrap_or(u8::MAX)
     }
 }
 
@@ -147,7 +151,10 @@ impl Channel {
 #[derive(Debug, Clone, Copy)]
 struct PixelFormat {
     bits_per_pixel: u8,
+    /// Bytes of one row of the whole root window.
     stride: usize,
+    /// Rows are padded to a multiple of this many bits.
+    pad_bits: usize,
     lsb_first: bool,
     red: Channel,
     green: Channel,
@@ -202,6 +209,7 @@ impl PixelFormat {
             Self {
                 bits_per_pixel: format.bits_per_pixel,
                 stride,
+                pad_bits: pad,
                 lsb_first: setup.image_byte_order == ImageOrder::LSB_FIRST,
                 red: component(visual.red_mask)?,
                 green: component(visual.green_mask)?,
@@ -211,6 +219,12 @@ impl PixelFormat {
             width,
             u32::from(root.height_in_pixels),
         ))
+    }
+
+    /// Bytes of one row of `width` pixels in a `GetImage` reply.
+    fn stride_for(&self, width: u32, pad_bits: usize) -> usize {
+        let row_bits = width as usize * usize::from(self.bits_per_pixel);
+        row_bits.div_ceil(pad_bits) * pad_bits / 8
     }
 
     /// The common case: 32-bit little-endian `0x00RRGGBB`, converted by
@@ -259,12 +273,84 @@ pub fn encode_root(
     screen: usize,
     out: impl Write,
 ) -> Result<CaptureStats, ScreenshotError> {
-    let (format, root, width, height) = PixelFormat::of_root(conn, screen)?;
-    if width == 0 || height == 0 {
+    encode(conn, screen, &CaptureSpec::default(), out)
+}
+
+/// A rectangle of the screen in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rect {
+    /// Left edge.
+    pub x: u32,
+    /// Top edge.
+    pub y: u32,
+    /// Pixels across.
+    pub width: u32,
+    /// Pixels down.
+    pub height: u32,
+}
+
+/// What to capture: the default is the whole screen at its own size without
+/// the pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CaptureSpec {
+    /// The part of the screen (all of it when `None`); must lie inside it.
+    pub region: Option<Rect>,
+    /// The PNG's size when smaller than the region (each side at most the
+    /// region's; the caller keeps the aspect, see
+    /// `dormouse_protocol::actions::Space::fit`).
+    pub size: Option<(u32, u32)>,
+    /// Draw the pointer into the image.
+    pub cursor: bool,
+}
+
+/// Reads the region of `spec` strip by strip and writes it as an RGB PNG of
+/// the size of `spec` to `out`, drawing the pointer in when asked. Runs on a
+/// blocking thread. Memory: one strip, one RGB row and, when shrinking, one
+/// row of sums.
+pub fn encode(
+    conn: &RustConnection,
+    screen: usize,
+    spec: &CaptureSpec,
+    out: impl Write,
+) -> Result<CaptureStats, ScreenshotError> {
+    let (format, root, screen_w, screen_h) = PixelFormat::of_root(conn, screen)?;
+    if screen_w == 0 || screen_h == 0 {
         return Err(ScreenshotError::Unsupported(format!(
-            "empty screen {width}x{height}"
+            "empty screen {screen_w}x{screen_h}"
         )));
     }
+    let rect = spec.region.unwrap_or(Rect {
+        x: 0,
+        y: 0,
+        width: screen_w,
+        height: screen_h,
+    });
+    if rect.width == 0
+        || rect.height == 0
+        || rect.x.saturating_add(rect.width) > screen_w
+        || rect.y.saturating_add(rect.height) > screen_h
+    {
+        return Err(ScreenshotError::Unsupported(format!(
+            "region {rect:?} outside the {screen_w}x{screen_h} screen"
+        )));
+    }
+    let (width, height) = spec.size.unwrap_or((rect.width, rect.height));
+    if !(1..=rect.width).contains(&width) || !(1..=rect.height).contains(&height) {
+        return Err(ScreenshotError::Unsupported(format!(
+            "target {width}x{height} for a {}x{} region",
+            rect.width, rect.height
+        )));
+    }
+    let overlay = if spec.cursor {
+        Some(Overlay::of_pointer(conn, root)?)
+    } else {
+        None
+    };
+    let stride = if rect.width == screen_w {
+        format.stride
+    } else {
+        format.stride_for(rect.width, format.pad_bits)
+    };
     let mut counter = CountingWriter {
         inner: out,
         count: 0,
@@ -277,27 +363,36 @@ pub fn encode_root(
     encoder.set_compression(png::Compression::Fast);
     let mut writer = encoder.write_header()?;
     let mut stream = writer.stream_writer_with_size(64 * 1024)?;
+    let mut shrink = ((width, height) != (rect.width, rect.height))
+        .then(|| Shrink::new(rect.width, rect.height, width, height));
 
-    let rows_per_strip = (STRIP_BYTES / format.stride.max(1)).clamp(1, usize::from(u16::MAX));
-    let mut rgb = vec![0u8; width as usize * 3];
+    let x =
+        i16::try_from(rect.x).map_err(|_| ScreenshotError::Unsupported(format!("x {}", rect.x)))?;
+    let w = u16::try_from(rect.width)
+        .map_err(|_| ScreenshotError::Unsupported(format!("width {}", rect.width)))?;
+    let rows_per_strip = (STRIP_BYTES / stride.max(1)).clamp(1, usize::from(u16::MAX));
+    let rows_per_strip = u32::try_from(rows_per_strip).unwrap_or(u32::from(u16::MAX));
+    let mut rgb = vec![0u8; rect.width as usize * 3];
     let mut row = 0u32;
     let mut strips = 0u32;
-    while row < height {
-        let rows = (height - row).min(rows_per_strip as u32);
+    while row < rect.height {
+        let rows = (rect.height - row).min(rows_per_strip);
+        let top = rect.y + row;
         let reply = conn
             .get_image(
                 ImageFormat::Z_PIXMAP,
                 root,
-                0,
-                row as i16,
-                width as u16,
-                rows as u16,
+                x,
+                i16::try_from(top)
+                    .map_err(|_| ScreenshotError::Unsupported(format!("row {top}")))?,
+                w,
+                u16::try_from(rows).unwrap_or(u16::MAX),
                 !0,
             )
             .map_err(XError::from)?
             .reply()
             .map_err(XError::from)?;
-        let expected = format.stride * rows as usize;
+        let expected = stride * rows as usize;
         if reply.data.len() != expected {
             return Err(ScreenshotError::Incomplete {
                 row,
@@ -306,9 +401,19 @@ pub fn encode_root(
                 expected,
             });
         }
-        for line in reply.data.chunks_exact(format.stride) {
-            format.row_to_rgb(line, width as usize, &mut rgb);
-            stream.write_all(&rgb).map_err(png::EncodingError::from)?;
+        for (i, line) in reply.data.chunks_exact(stride).enumerate() {
+            format.row_to_rgb(line, rect.width as usize, &mut rgb);
+            if let Some(o) = &overlay {
+                o.draw(top + u32::try_from(i).unwrap_or(0), rect.x, &mut rgb);
+            }
+            match shrink.as_mut() {
+                None => stream.write_all(&rgb).map_err(png::EncodingError::from)?,
+                Some(s) => {
+                    if let Some(done) = s.push(&rgb) {
+                        stream.write_all(done).map_err(png::EncodingError::from)?;
+                    }
+                }
+            }
         }
         row += rows;
         strips += 1;
@@ -321,6 +426,182 @@ pub fn encode_root(
         png_bytes: counter.count,
         strips,
     })
+}
+
+/// Shrinks RGB rows by averaging the source pixels that fall into each
+/// target pixel (a box filter), one target row at a time.
+#[derive(Debug)]
+struct Shrink {
+    src_h: u64,
+    out_h: u64,
+    /// Target column of each source column.
+    column: Vec<usize>,
+    /// Source columns per target column.
+    per_column: Vec<u64>,
+    sums: Vec<u64>,
+    rows_in: u64,
+    src_row: u64,
+    out_row: u64,
+    out: Vec<u8>,
+}
+
+impl Shrink {
+    fn new(src_w: u32, src_h: u32, out_w: u32, out_h: u32) -> Self {
+        let column: Vec<usize> = (0..u64::from(src_w))
+            .map(|x| usize::try_from(x * u64::from(out_w) / u64::from(src_w)).unwrap_or(0))
+            .collect();
+        let mut per_column = vec![0u64; out_w as usize];
+        for c in &column {
+            if let Some(n) = per_column.get_mut(*c) {
+                *n += 1;
+            }
+        }
+        Self {
+            src_h: u64::from(src_h),
+            out_h: u64::from(out_h),
+            column,
+            per_column,
+            sums: vec![0; out_w as usize * 3],
+            rows_in: 0,
+            src_row: 0,
+            out_row: 0,
+            out: vec![0; out_w as usize * 3],
+        }
+    }
+
+    /// Adds one source row; answers a finished target row when this source
+    /// row was the last one falling into it.
+    fn push(&mut self, rgb: &[u8]) -> Option<&[u8]> {
+        for (px, c) in rgb.chunks_exact(3).zip(&self.column) {
+            if let Some(sum) = self.sums.get_mut(c * 3..c * 3 + 3) {
+                sum[0] += u64::from(px[0]);
+                sum[1] += u64::from(px[1]);
+                sum[2] += u64::from(px[2]);
+            }
+        }
+        self.rows_in += 1;
+        self.src_row += 1;
+        // The target row of the next source row; a change ends this one.
+        let next = self.src_row * self.out_h / self.src_h;
+        if next == self.out_row && self.src_row < self.src_h {
+            return None;
+        }
+        for (i, (sum, out)) in self.sums.iter_mut().zip(self.out.iter_mut()).enumerate() {
+            let n = (self.per_column.get(i / 3).copied().unwrap_or(1) * self.rows_in).max(1);
+            *out = u8::try_from((*sum + n / 2) / n).unwrap_or(u8::MAX);
+            *sum = 0;
+        }
+        self.rows_in = 0;
+        self.out_row = next;
+        Some(&self.out)
+    }
+}
+
+/// Largest pointer image drawn (sides); a bigger one is drawn as the marker.
+const MAX_CURSOR_SIDE: u16 = 256;
+
+/// The pointer's image at its place on the screen, premultiplied ARGB.
+#[derive(Debug)]
+struct Overlay {
+    left: i64,
+    top: i64,
+    width: usize,
+    argb: Vec<u32>,
+}
+
+impl Overlay {
+    /// The pointer as the server draws it (XFIXES), or a marker where it is.
+    fn of_pointer(conn: &RustConnection, root: xproto::Window) -> Result<Self, ScreenshotError> {
+        use x11rb::connection::RequestConnection as _;
+        use x11rb::protocol::xfixes::{self, ConnectionExt as _};
+        let has_xfixes = conn
+            .extension_information(xfixes::X11_EXTENSION_NAME)
+            .map_err(XError::from)?
+            .is_some();
+        if has_xfixes {
+            // The version must be negotiated before other XFIXES requests.
+            conn.xfixes_query_version(4, 0)
+                .map_err(XError::from)?
+                .reply()
+                .map_err(XError::from)?;
+            let image = conn
+                .xfixes_get_cursor_image()
+                .map_err(XError::from)?
+                .reply()
+                .map_err(XError::from)?;
+            let (w, h) = (image.width, image.height);
+            if w > 0
+                && h > 0
+                && w <= MAX_CURSOR_SIDE
+                && h <= MAX_CURSOR_SIDE
+                && image.cursor_image.len() == usize::from(w) * usize::from(h)
+            {
+                return Ok(Self {
+                    left: i64::from(image.x) - i64::from(image.xhot),
+                    top: i64::from(image.y) - i64::from(image.yhot),
+                    width: usize::from(w),
+                    argb: image.cursor_image,
+                });
+            }
+        }
+        let p = conn
+            .query_pointer(root)
+            .map_err(XError::from)?
+            .reply()
+            .map_err(XError::from)?;
+        Ok(Self::marker(i64::from(p.root_x), i64::from(p.root_y)))
+    }
+
+    /// A 15×15 cross, black with a white rim, centred on the point.
+    fn marker(x: i64, y: i64) -> Self {
+        const SIDE: usize = 15;
+        const MID: usize = SIDE / 2;
+        const MID_I: i64 = 7;
+        let mut argb = vec![0u32; SIDE * SIDE];
+        for (i, px) in argb.iter_mut().enumerate() {
+            let (r, c) = (i / SIDE, i % SIDE);
+            if r == MID || c == MID {
+                *px = 0xff00_0000;
+            } else if r.abs_diff(MID) == 1 || c.abs_diff(MID) == 1 {
+                *px = 0xffff_ffff;
+            }
+        }
+        Self {
+            left: x - MID_I,
+            top: y - MID_I,
+            width: SIDE,
+            argb,
+        }
+    }
+
+    /// Blends the pointer into screen row `y` (whose first pixel is screen
+    /// column `x0`).
+    fn draw(&self, y: u32, x0: u32, rgb: &mut [u8]) {
+        let Ok(r) = usize::try_from(i64::from(y) - self.top) else {
+            return;
+        };
+        let Some(line) = self.argb.get(r * self.width..(r + 1) * self.width) else {
+            return;
+        };
+        for (c, &px) in (0i64..).zip(line) {
+            let a = px >> 24;
+            if a == 0 {
+                continue;
+            }
+            let Ok(col) = usize::try_from(self.left + c - i64::from(x0)) else {
+                continue;
+            };
+            let Some(dst) = rgb.get_mut(col * 3..col * 3 + 3) else {
+                continue;
+            };
+            for (k, shift) in [16u32, 8, 0].into_iter().enumerate() {
+                let src = (px >> shift) & 0xff;
+                let under = u32::from(dst[k]);
+                let v = src + (under * (255 - a) + 127) / 255;
+                dst[k] = u8::try_from(v.min(255)).unwrap_or(u8::MAX);
+            }
+        }
+    }
 }
 
 /// Counts what passes through, so the probe can encode into a sink and still
@@ -347,9 +628,34 @@ impl<W: Write> Write for CountingWriter<W> {
 
 /// A `Vec` that refuses to grow past `limit`.
 #[derive(Debug)]
-struct BoundedVec {
+pub struct BoundedVec {
     bytes: Vec<u8>,
     limit: usize,
+}
+
+impl BoundedVec {
+    /// An empty one holding at most `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            bytes: Vec::new(),
+            limit,
+        }
+    }
+
+    /// The bytes written.
+    pub fn into_inner(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// Whether a capture failed because its PNG outgrew its [`BoundedVec`].
+pub fn is_too_large(e: &ScreenshotError) -> bool {
+    match e {
+        ScreenshotError::Encode(png::EncodingError::IoError(io)) => {
+            io.kind() == std::io::ErrorKind::FileTooLarge
+        }
+        _ => false,
+    }
 }
 
 impl Write for BoundedVec {
@@ -392,6 +698,7 @@ mod tests {
         PixelFormat {
             bits_per_pixel: bpp,
             stride: 0,
+            pad_bits: 32,
             lsb_first,
             red: Channel::from_mask(masks.0).expect("red"),
             green: Channel::from_mask(masks.1).expect("green"),
@@ -424,6 +731,54 @@ mod tests {
         let mut out = [0u8; 3];
         f.row_to_rgb(&row, 1, &mut out);
         assert_eq!(out, [0x10, 0x20, 0x30]);
+    }
+
+    #[test]
+    fn shrinking_averages_the_pixels_of_each_box() {
+        // 4x2 → 2x1: each target pixel is the mean of a 2x2 box.
+        let mut s = Shrink::new(4, 2, 2, 1);
+        assert_eq!(
+            s.push(&[0, 0, 0, 100, 100, 100, 10, 20, 30, 10, 20, 30]),
+            None
+        );
+        let row = s
+            .push(&[100, 100, 100, 200, 200, 200, 30, 40, 50, 30, 40, 50])
+            .expect("the last source row ends the target row")
+            .to_vec();
+        assert_eq!(row, [100, 100, 100, 20, 30, 40]);
+    }
+
+    #[test]
+    fn shrinking_by_an_odd_ratio_yields_every_target_row() {
+        let (sw, sh, ow, oh) = (7u32, 5u32, 3u32, 2u32);
+        let mut s = Shrink::new(sw, sh, ow, oh);
+        let src = vec![77u8; sw as usize * 3];
+        let mut rows = 0;
+        for _ in 0..sh {
+            if let Some(row) = s.push(&src) {
+                assert_eq!(row.len(), ow as usize * 3);
+                assert!(row.iter().all(|v| *v == 77), "{row:?}");
+                rows += 1;
+            }
+        }
+        assert_eq!(rows, oh);
+    }
+
+    #[test]
+    fn the_marker_is_drawn_centred_on_the_pointer() {
+        let marker = Overlay::marker(20, 10);
+        let mut row = vec![255u8; 40 * 3];
+        marker.draw(10, 0, &mut row);
+        // Row 10 is the cross's bar: black from x = 13 to 27.
+        assert_eq!(&row[12 * 3..12 * 3 + 3], &[255, 255, 255]);
+        assert_eq!(&row[13 * 3..13 * 3 + 3], &[0, 0, 0]);
+        assert_eq!(&row[27 * 3..27 * 3 + 3], &[0, 0, 0]);
+        assert_eq!(&row[28 * 3..28 * 3 + 3], &[255, 255, 255]);
+        // Rows outside it and a row starting right of it are untouched.
+        let mut far = vec![255u8; 40 * 3];
+        marker.draw(30, 0, &mut far);
+        marker.draw(10, 100, &mut far);
+        assert!(far.iter().all(|v| *v == 255));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod api;
 pub mod declare;
 pub mod exec;
