@@ -315,7 +315,13 @@ pub fn write_file(
         Mode::from_bits_truncate(0o600),
     )
     .map_err(|e| WorkspaceError::io("create temp file in", &parent_rel, e.into()))?;
-    let result = fill_and_rename(&parent, fd, &tmp, name, body, mode, rel, cfg);
+    let target = Target {
+        parent: &parent,
+        tmp: &tmp,
+        name,
+        rel,
+    };
+    let result = fill_and_rename(&target, fd, body, mode, cfg);
     if result.is_err() {
         let _ = unlinkat(&parent, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
     }
@@ -326,17 +332,27 @@ pub fn write_file(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where a write lands: its directory, its temp name and its final name.
+struct Target<'a> {
+    parent: &'a OwnedFd,
+    tmp: &'a str,
+    name: &'a OsStr,
+    rel: &'a WorkspacePath,
+}
+
 fn fill_and_rename(
-    parent: &OwnedFd,
+    target: &Target<'_>,
     fd: OwnedFd,
-    tmp: &str,
-    name: &OsStr,
     body: impl Read,
     mode: u32,
-    rel: &WorkspacePath,
     cfg: &FilesConfig,
 ) -> Result<u64, WorkspaceError> {
+    let Target {
+        parent,
+        tmp,
+        name,
+        rel,
+    } = *target;
     let io = |op| move |e: io::Error| WorkspaceError::io(op, rel, e);
     let mut file = File::from(fd);
     let bytes = io::copy(
