@@ -11,8 +11,8 @@ use std::io::Read;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
 use dormouse_broker::workspace::{
-    delete, list_dir, open, read_file, write_file, EntryType, ErrorClass, FilesConfig, Opened, Resolution,
-    WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    delete, list_dir, open, read_file, write_file, EntryType, ErrorClass, FilesConfig, Opened,
+    Resolution, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use workspace_support::Rig;
 
@@ -34,7 +34,14 @@ fn read_all(root: &WorkspaceRoot, rel: &str) -> Result<Vec<u8>, WorkspaceError> 
 }
 
 fn put(root: &WorkspaceRoot, rel: &str, body: &[u8]) -> Result<(), WorkspaceError> {
-    write_file(root, &p(rel), body, WriteOptions::default(), &FilesConfig::default()).map(|_| ())
+    write_file(
+        root,
+        &p(rel),
+        body,
+        WriteOptions::default(),
+        &FilesConfig::default(),
+    )
+    .map(|_| ())
 }
 
 #[test]
@@ -48,13 +55,23 @@ fn read_list_write_delete_round_trip() {
         assert_eq!(read_all(&root, "docs/sub/b.txt").unwrap(), b"beta");
 
         let listing = list_dir(&root, &p("docs"), &FilesConfig::default()).unwrap();
-        let names: Vec<_> = listing.entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
-        assert_eq!(names, vec![("a.txt", EntryType::File), ("sub", EntryType::Dir)]);
+        let names: Vec<_> = listing
+            .entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind))
+            .collect();
+        assert_eq!(
+            names,
+            vec![("a.txt", EntryType::File), ("sub", EntryType::Dir)]
+        );
         assert_eq!(listing.entries[0].size, 5);
         assert!(!listing.truncated);
         let json = serde_json::to_value(&listing).unwrap();
         assert_eq!(json["entries"][0]["type"], "file");
-        assert!(json["entries"][0]["mtime"].as_str().unwrap().ends_with('Z'), "{json}");
+        assert!(
+            json["entries"][0]["mtime"].as_str().unwrap().ends_with('Z'),
+            "{json}"
+        );
 
         // The root lists through open() too.
         match open(&root, &WorkspacePath::root(), &FilesConfig::default()).unwrap() {
@@ -76,10 +93,17 @@ fn read_list_write_delete_round_trip() {
         )
         .unwrap();
         let meta = fs::metadata(rig.path("new/deep/c.txt")).unwrap();
-        assert_eq!(meta.mode() & 0o7777, 0o775, "set-id and world-write dropped");
+        assert_eq!(
+            meta.mode() & 0o7777,
+            0o775,
+            "set-id and world-write dropped"
+        );
         assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
         let dir_meta = fs::metadata(rig.path("new/deep")).unwrap();
-        assert_eq!((dir_meta.uid(), dir_meta.gid(), dir_meta.mode() & 0o777), (1000, 1000, 0o755));
+        assert_eq!(
+            (dir_meta.uid(), dir_meta.gid(), dir_meta.mode() & 0o777),
+            (1000, 1000, 0o755)
+        );
 
         delete(&root, &p("docs/a.txt"), false, &FilesConfig::default()).unwrap();
         assert!(!rig.path("docs/a.txt").exists());
@@ -96,9 +120,22 @@ fn read_list_write_delete_round_trip() {
 
 #[test]
 fn bad_paths_are_refused_before_touching_the_disk() {
-    for bad in ["/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a/", "a\0b"] {
+    for bad in [
+        "/etc/passwd",
+        "../x",
+        "a/../../x",
+        "a//b",
+        "./a",
+        "a/.",
+        "a/",
+        "a\0b",
+    ] {
         let err = WorkspacePath::parse(bad.as_bytes()).unwrap_err();
-        assert_eq!(WorkspaceError::from(err).class(), ErrorClass::BadRequest, "{bad:?}");
+        assert_eq!(
+            WorkspaceError::from(err).class(),
+            ErrorClass::BadRequest,
+            "{bad:?}"
+        );
     }
     let long = "x/".repeat(2100) + "x";
     assert!(WorkspacePath::parse(long.as_bytes()).is_err());
@@ -138,13 +175,25 @@ fn symlinks_to_root_or_another_workspace_are_never_followed() {
         ] {
             if let Ok(path) = WorkspacePath::parse(rel.as_bytes()) {
                 let err = read_file(&root, &path, &FilesConfig::default()).unwrap_err();
-                assert!(matches!(err, WorkspaceError::Symlink { .. }), "{r:?} read {rel}: {err}");
+                assert!(
+                    matches!(err, WorkspaceError::Symlink { .. }),
+                    "{r:?} read {rel}: {err}"
+                );
                 assert_eq!(err.class(), ErrorClass::BadRequest);
             }
         }
-        for rel in ["to-root/tmp/pwned", "to-other/secret.txt", "to-other/new.txt", "secret-link", "real/nested-link/new.txt"] {
+        for rel in [
+            "to-root/tmp/pwned",
+            "to-other/secret.txt",
+            "to-other/new.txt",
+            "secret-link",
+            "real/nested-link/new.txt",
+        ] {
             let err = put(&root, rel, b"pwned").unwrap_err();
-            assert!(matches!(err, WorkspaceError::Symlink { .. }), "{r:?} write {rel}: {err}");
+            assert!(
+                matches!(err, WorkspaceError::Symlink { .. }),
+                "{r:?} write {rel}: {err}"
+            );
             let err = write_file(
                 &root,
                 &p(rel),
@@ -156,21 +205,38 @@ fn symlinks_to_root_or_another_workspace_are_never_followed() {
                 &FilesConfig::default(),
             )
             .unwrap_err();
-            assert!(matches!(err, WorkspaceError::Symlink { .. }), "{r:?} write -p {rel}: {err}");
+            assert!(
+                matches!(err, WorkspaceError::Symlink { .. }),
+                "{r:?} write -p {rel}: {err}"
+            );
         }
         let err = list_dir(&root, &p("to-other"), &FilesConfig::default()).unwrap_err();
         assert!(matches!(err, WorkspaceError::Symlink { .. }), "{err}");
         for rel in ["to-other/secret.txt", "real/nested-link/secret.txt"] {
             let err = delete(&root, &p(rel), true, &FilesConfig::default()).unwrap_err();
-            assert!(matches!(err, WorkspaceError::Symlink { .. }), "{r:?} delete {rel}: {err}");
+            assert!(
+                matches!(err, WorkspaceError::Symlink { .. }),
+                "{r:?} delete {rel}: {err}"
+            );
         }
         assert!(!std::path::Path::new("/tmp/pwned").exists());
-        assert_eq!(workspace_support::snapshot(&other.ws()), before, "the other workspace is untouched");
+        assert_eq!(
+            workspace_support::snapshot(&other.ws()),
+            before,
+            "the other workspace is untouched"
+        );
 
         // Listing shows links as links; deleting one removes the link only.
         let listing = list_dir(&root, &WorkspacePath::root(), &FilesConfig::default()).unwrap();
-        let kinds: Vec<_> = listing.entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
-        assert!(kinds.contains(&("to-other", EntryType::Symlink)), "{kinds:?}");
+        let kinds: Vec<_> = listing
+            .entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind))
+            .collect();
+        assert!(
+            kinds.contains(&("to-other", EntryType::Symlink)),
+            "{kinds:?}"
+        );
         delete(&root, &p("to-other"), true, &FilesConfig::default()).unwrap();
         delete(&root, &p("secret-link"), false, &FilesConfig::default()).unwrap();
         delete(&root, &p("real"), true, &FilesConfig::default()).unwrap();
@@ -204,7 +270,10 @@ fn a_recursive_delete_over_its_bound_removes_nothing() {
         ..FilesConfig::default()
     };
     let err = delete(&root, &p("many"), true, &cfg).unwrap_err();
-    assert!(matches!(err, WorkspaceError::TooManyEntries { limit: 20, .. }), "{err}");
+    assert!(
+        matches!(err, WorkspaceError::TooManyEntries { limit: 20, .. }),
+        "{err}"
+    );
     assert_eq!(err.class(), ErrorClass::TooLarge);
     assert_eq!(fs::read_dir(rig.path("many")).unwrap().count(), 50);
 }
@@ -218,11 +287,22 @@ fn writes_are_atomic_owned_by_desk_and_capped() {
     fs::hard_link(rig.path("f.txt"), rig.path("hard.txt")).unwrap();
     let root = root(&rig, Resolution::Openat2);
 
-    let out = write_file(&root, &p("f.txt"), &b"new content"[..], WriteOptions::default(), &FilesConfig::default()).unwrap();
+    let out = write_file(
+        &root,
+        &p("f.txt"),
+        &b"new content"[..],
+        WriteOptions::default(),
+        &FilesConfig::default(),
+    )
+    .unwrap();
     assert_eq!((out.bytes, out.created), (11, false));
     let meta = fs::metadata(rig.path("f.txt")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
-    assert_eq!(meta.mode() & 0o777, 0o600, "an existing file keeps its bits");
+    assert_eq!(
+        meta.mode() & 0o777,
+        0o600,
+        "an existing file keeps its bits"
+    );
     assert_eq!(fs::read(rig.path("f.txt")).unwrap(), b"new content");
     assert_eq!(fs::read(rig.path("hard.txt")).unwrap(), b"old content");
 
@@ -230,16 +310,39 @@ fn writes_are_atomic_owned_by_desk_and_capped() {
         max_write_bytes: 8,
         ..FilesConfig::default()
     };
-    let err = write_file(&root, &p("f.txt"), &b"123456789"[..], WriteOptions::default(), &cfg).unwrap_err();
-    assert!(matches!(err, WorkspaceError::TooLarge { limit: 8, .. }), "{err}");
+    let err = write_file(
+        &root,
+        &p("f.txt"),
+        &b"123456789"[..],
+        WriteOptions::default(),
+        &cfg,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::TooLarge { limit: 8, .. }),
+        "{err}"
+    );
     assert_eq!(fs::read(rig.path("f.txt")).unwrap(), b"new content");
-    let names: Vec<_> = fs::read_dir(rig.ws()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = fs::read_dir(rig.ws())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 2, "no temp file left: {names:?}");
 
-    let out = write_file(&root, &p("fresh"), &b""[..], WriteOptions::default(), &FilesConfig::default()).unwrap();
+    let out = write_file(
+        &root,
+        &p("fresh"),
+        &b""[..],
+        WriteOptions::default(),
+        &FilesConfig::default(),
+    )
+    .unwrap();
     assert!(out.created);
     let meta = fs::metadata(rig.path("fresh")).unwrap();
-    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777, meta.len()), (1000, 1000, 0o644, 0));
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o777, meta.len()),
+        (1000, 1000, 0o644, 0)
+    );
 
     // A body that fails half-way leaves the old file and no temp file.
     struct Broken(u8);
@@ -253,7 +356,14 @@ fn writes_are_atomic_owned_by_desk_and_capped() {
             Ok(1)
         }
     }
-    write_file(&root, &p("f.txt"), Broken(3), WriteOptions::default(), &FilesConfig::default()).unwrap_err();
+    write_file(
+        &root,
+        &p("f.txt"),
+        Broken(3),
+        WriteOptions::default(),
+        &FilesConfig::default(),
+    )
+    .unwrap_err();
     assert_eq!(fs::read(rig.path("f.txt")).unwrap(), b"new content");
     assert_eq!(fs::read_dir(rig.ws()).unwrap().count(), 3);
 }
@@ -261,7 +371,11 @@ fn writes_are_atomic_owned_by_desk_and_capped() {
 #[test]
 fn special_files_directories_and_big_files_are_refused_for_reading() {
     let rig = Rig::new();
-    nix::unistd::mkfifo(&rig.path("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    nix::unistd::mkfifo(
+        &rig.path("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
     rig.write("big", &[0u8; 100]);
     fs::create_dir(rig.path("d")).unwrap();
     let root = root(&rig, Resolution::Openat2);
@@ -336,6 +450,10 @@ fn a_directory_swapped_for_a_link_while_resolving_is_never_followed() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         flipper.join().unwrap();
         assert_eq!(read_other, 0, "{r:?}: read through the link");
-        assert_eq!(workspace_support::snapshot(&other.ws()), before, "{r:?}: wrote through the link");
+        assert_eq!(
+            workspace_support::snapshot(&other.ws()),
+            before,
+            "{r:?}: wrote through the link"
+        );
     }
 }

@@ -1009,7 +1009,11 @@ fn extract(
             }
             if let Some(path) = path {
                 import_dir(&mut staged, &path, mode, &name)?;
-                dir_times.push((path, mtime));
+                // A directory listed again: its last time wins.
+                match dir_times.last_mut() {
+                    Some((last, t)) if *last == path => *t = mtime,
+                    _ => dir_times.push((path, mtime)),
+                }
             }
         } else {
             let Some(path) = path else {

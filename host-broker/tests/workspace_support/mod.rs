@@ -17,9 +17,16 @@ pub struct Rig {
 
 impl Rig {
     pub fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("ws-test-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("ws-test-")
+            .tempdir()
+            .unwrap();
         fs::create_dir(dir.path().join("workspace")).unwrap();
-        fs::set_permissions(dir.path().join("workspace"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::set_permissions(
+            dir.path().join("workspace"),
+            fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
         Self { dir }
     }
 
@@ -90,7 +97,11 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Node>) {
 /// Runs a command, returns stdout; panics with stderr on failure.
 pub fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
