@@ -651,38 +651,46 @@ pub fn replace_from_tar(
         gid: old.st_gid,
     };
     let mut summary = site.stage(input, limits, old.st_mode, owner)?;
-    match renameat2(
-        site.fd(),
-        site.staging.as_os_str(),
-        site.fd(),
-        site.name.as_os_str(),
-        RenameFlags::RENAME_EXCHANGE,
-    ) {
-        Ok(()) => {
-            site.sync()?;
-            // The old tree is at the staging name now.
-            summary.old_removed = remove_logged(&site, &site.staging);
-        }
-        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-            site.rename(&site.name, &site.previous)?;
-            if let Err(e) = site.rename(&site.staging, &site.name) {
-                // Put the old one back before answering.
-                site.rename(&site.previous, &site.name)?;
-                let _ = site.remove(&site.staging);
-                return Err(e);
+    summary.old_removed = swap_in(&site, true)?;
+    Ok(summary)
+}
+
+/// Puts the staged tree in the workspace's place: one exchange where the
+/// filesystem has it (`exchange`), two renames otherwise. Returns whether
+/// the old tree was removed afterwards.
+fn swap_in(site: &Site, exchange: bool) -> Result<bool, WorkspaceError> {
+    if exchange {
+        match renameat2(
+            site.fd(),
+            site.staging.as_os_str(),
+            site.fd(),
+            site.name.as_os_str(),
+            RenameFlags::RENAME_EXCHANGE,
+        ) {
+            Ok(()) => {
+                site.sync()?;
+                // The old tree is at the staging name now.
+                return Ok(remove_logged(site, &site.staging));
             }
-            summary.old_removed = remove_logged(&site, &site.previous);
-        }
-        Err(e) => {
-            let _ = site.remove(&site.staging);
-            return Err(WorkspaceError::io(
-                "swap in",
-                site.host(&site.staging),
-                e.into(),
-            ));
+            Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {}
+            Err(e) => {
+                let _ = site.remove(&site.staging);
+                return Err(WorkspaceError::io(
+                    "swap in",
+                    site.host(&site.staging),
+                    e.into(),
+                ));
+            }
         }
     }
-    Ok(summary)
+    site.rename(&site.name, &site.previous)?;
+    if let Err(e) = site.rename(&site.staging, &site.name) {
+        // Put the old one back before answering.
+        site.rename(&site.previous, &site.name)?;
+        let _ = site.remove(&site.staging);
+        return Err(e);
+    }
+    Ok(remove_logged(site, &site.previous))
 }
 
 fn remove_logged(site: &Site, name: &OsStr) -> bool {
@@ -1149,6 +1157,30 @@ fn import_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_swaps_put_the_staged_tree_in_place_and_remove_the_old() {
+        for exchange in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let ws = dir.path().join("workspace");
+            std::fs::create_dir(&ws).unwrap();
+            std::fs::write(ws.join("which"), "old").unwrap();
+            std::fs::create_dir(dir.path().join("workspace.import")).unwrap();
+            std::fs::write(dir.path().join("workspace.import/which"), "new").unwrap();
+            let site = Site::lock(&ws).unwrap();
+            assert!(swap_in(&site, exchange).unwrap());
+            assert_eq!(std::fs::read_to_string(ws.join("which")).unwrap(), "new");
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                names,
+                vec![OsString::from("workspace")],
+                "exchange: {exchange}"
+            );
+        }
+    }
 
     #[test]
     fn archive_names_are_cleaned_or_refused() {
