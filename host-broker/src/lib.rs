@@ -20,6 +20,7 @@ pub mod owner;
 pub mod quota;
 pub mod reconcile;
 pub mod store;
+pub mod workspace;
 
 pub use command::{BrokerHandle, Command};
 pub use config::BrokerConfig;
