@@ -13,6 +13,7 @@ pub mod frame;
 pub mod guest;
 pub mod health;
 pub mod local;
+pub mod screen;
 
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
 pub use guest::{
