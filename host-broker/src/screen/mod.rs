@@ -7,7 +7,8 @@
 //!   away from the desktop;
 //! - [`relay`] moves the bytes, bounded, and closes on revocation;
 //! - [`api`] is the HTTP side of the contract (`/v1/computers/{id}/screens`,
-//!   `/v1/screens/{screen_id}`, `/v1/screens/{screen_id}/rfb`).
+//!   `/v1/screens/{screen_id}`, `/v1/screens/{screen_id}/rfb`);
+//! - [`viewer`] serves the noVNC library the panel shows the screen with.
 //!
 //! This module never decides whether a computer may be watched, nor opens a
 //! guest path itself: both go through [`ScreenHost`], which the broker's
@@ -18,6 +19,7 @@ pub mod api;
 pub mod registry;
 pub mod relay;
 pub mod rfb;
+pub mod viewer;
 
 use std::sync::Arc;
 
