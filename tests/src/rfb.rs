@@ -461,15 +461,19 @@ impl Drop for FakeVncServer {
     }
 }
 
-/// One Raw FramebufferUpdate of the whole fake screen, every pixel `shade`.
+/// One Raw FramebufferUpdate of the whole fake screen: a gradient (blue
+/// across, green down) whose red is `shade`, so each update differs.
 pub fn fake_update(shade: u8) -> Vec<u8> {
     let mut v = vec![0, 0, 0, 1, 0, 0, 0, 0];
     v.extend_from_slice(&FAKE_WIDTH.to_be_bytes());
     v.extend_from_slice(&FAKE_HEIGHT.to_be_bytes());
     v.extend_from_slice(&0i32.to_be_bytes());
-    let pixels = usize::from(FAKE_WIDTH) * usize::from(FAKE_HEIGHT);
-    for _ in 0..pixels {
-        v.extend_from_slice(&[shade, shade, shade, 0]);
+    for y in 0..FAKE_HEIGHT {
+        for x in 0..FAKE_WIDTH {
+            let blue = u8::try_from(u32::from(x) * 255 / u32::from(FAKE_WIDTH)).unwrap_or(255);
+            let green = u8::try_from(u32::from(y) * 255 / u32::from(FAKE_HEIGHT)).unwrap_or(255);
+            v.extend_from_slice(&[blue, green, shade, 0]);
+        }
     }
     v
 }
