@@ -58,8 +58,7 @@ impl ScreenHost for DemoHost {
             if !c.ready {
                 return Err(Refusal::not_ready("the desktop is not ready"));
             }
-            if mode == ScreenMode::Control && c.generation > 0 && generation != Some(c.generation)
-            {
+            if mode == ScreenMode::Control && c.generation > 0 && generation != Some(c.generation) {
                 return Err(Refusal::stale_generation(c.generation));
             }
             Ok(c.generation)
