@@ -140,6 +140,9 @@ pub async fn relay(
         // Bounded: a viewer that does not read does not get to hold the
         // relay open; dropping both halves closes the TCP connection.
         let _ = tokio::time::timeout(limits.close_within, ws_tx.send(close)).await;
+    } else {
+        // The viewer closed: flush the close reply the socket queued.
+        let _ = tokio::time::timeout(limits.close_within, ws_tx.close()).await;
     }
     (end, stats)
 }
