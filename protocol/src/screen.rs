@@ -155,6 +155,18 @@ pub fn websocket_path(screen_id: Uuid) -> String {
     format!("/v1/screens/{screen_id}/rfb")
 }
 
+/// Path of the panel's viewer page for a capability, the link a person
+/// opens: `/panel/screen.html#screen=<id>&token=<token>&mode=<mode>`. The
+/// capability rides in the fragment, which browsers never send to a server.
+pub fn viewer_link(grant: &ScreenGrant) -> String {
+    format!(
+        "/panel/screen.html#screen={}&token={}&mode={}",
+        grant.screen_id,
+        grant.token,
+        grant.mode.as_str()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

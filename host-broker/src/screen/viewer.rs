@@ -1,6 +1,8 @@
-//! The live screen's viewer library: noVNC (Debian's `novnc` package),
-//! served from a directory on the host, `/usr/share/novnc` by default, under
-//! `/novnc/` for the panel (and any frontend of the same origin).
+//! The live screen's viewer: the standalone viewer page
+//! (`/panel/screen.html`, the link `dormouse screen` prints; embedded in the
+//! binary) and the noVNC library (Debian's `novnc` package), served from a
+//! directory on the host, `/usr/share/novnc` by default, under `/novnc/`
+//! for the panel (and any frontend of the same origin).
 //!
 //! It serves only the library (`core/`, `vendor/`), only regular `.js`
 //! files reached without a symlink, and never anything outside that
@@ -19,6 +21,45 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::api::ApiError;
+
+const SCREEN_HTML: &str = include_str!("../api/panel/screen.html");
+const SCREEN_JS: &str = include_str!("../api/panel/screen.js");
+
+/// The panel's policy: only our own script and style, noVNC's `data:`
+/// cursor, WebSockets to this origin.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; \
+     frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
+/// Path of the viewer page.
+pub const PAGE_PATH: &str = "/panel/screen.html";
+/// Path of the viewer page's script.
+pub const SCRIPT_PATH: &str = "/panel/screen.js";
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /panel/screen.html`: the viewer page; the capability is in the
+/// link's fragment, which never reaches a server.
+pub async fn page() -> Response {
+    asset("text/html; charset=utf-8", SCREEN_HTML)
+}
+
+/// `GET /panel/screen.js`.
+pub async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCREEN_JS)
+}
 
 /// Where noVNC is installed by default (Debian's `novnc` package).
 pub const DEFAULT_NOVNC_DIR: &str = "/usr/share/novnc";
@@ -67,7 +108,11 @@ pub async fn novnc(State(dir): State<NovncDir>, UrlPath(path): UrlPath<String>) 
 
 /// The route on its own (for tests and for mounting with `merge`).
 pub fn router(dir: NovncDir) -> Router {
-    Router::new().route(NOVNC_ROUTE, get(novnc)).with_state(dir)
+    Router::new()
+        .route(NOVNC_ROUTE, get(novnc))
+        .route(PAGE_PATH, get(page))
+        .route(SCRIPT_PATH, get(script))
+        .with_state(dir)
 }
 
 fn not_found() -> Response {
