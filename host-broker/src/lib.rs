@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod owner;
 pub mod quota;
 pub mod reconcile;
+pub mod screen;
 pub mod store;
 pub mod workspace;
 

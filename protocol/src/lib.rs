@@ -16,6 +16,7 @@ pub mod frame;
 pub mod guest;
 pub mod health;
 pub mod local;
+pub mod screen;
 #[cfg(any(feature = "tokio", test))]
 pub mod stream;
 

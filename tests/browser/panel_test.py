@@ -14,7 +14,11 @@ checks:
     while the container ran but the desktop was not ready;
   * the screenshot preview replaced the empty state without a reload,
     driven by the WebSocket;
-  * screenshots of the panel in both states are saved (the path is printed).
+  * screenshots of the panel in both states are saved (the path is printed);
+  * when the broker serves the live screen (screen routes and noVNC), the
+    card shows it instead of the still preview with non-blank pixels, says
+    "Live"; Take control makes it say "Control", Release goes back to view,
+    and stopping the desktop shows "Revoked because the desktop stopped".
 
 `--url URL --token TOKEN` runs the same checks against a broker that is
 already running (its engine may be the scripted one of the router tests).
@@ -292,11 +296,14 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
             busy_png = None
 
         def preview_shown(d):
+            # The still screenshot, or the live screen once it drew a frame.
             return d.execute_script(
                 """const c = document.querySelector(arguments[0]);
                    const img = c.querySelector('img.screenshot');
-                   return !img.hidden && img.complete && img.naturalWidth > 0 &&
-                          c.querySelector('.empty-state').hidden;""",
+                   const live = c.querySelector('.live');
+                   const still = !img.hidden && img.complete && img.naturalWidth > 0;
+                   const shown = live && !live.hidden && live.dataset.shown === 'true';
+                   return (still || shown) && c.querySelector('.empty-state').hidden;""",
                 card_sel,
             )
 
@@ -310,7 +317,9 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
         states = driver.execute_script("return window.__startStates")
         starts = [r for r in requests if r["method"] == "POST" and r["url"].endswith(f"/{cid}/start")]
         assert len(starts) == 1, f"Start sent {len(starts)} start requests: {requests}"
-        mutating = [r for r in requests if r["method"] != "GET"]
+        # Minting the live screen's view capability once the desktop is ready
+        # changes nothing of the desktop; everything else would.
+        mutating = [r for r in requests if r["method"] != "GET" and not r["url"].endswith("/screens")]
         assert mutating == starts, f"Start sent other mutating requests too: {mutating}"
 
         busy_states = [s for s in states if s["busy"] == "true"]
@@ -344,6 +353,84 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
         except Exception:
             pass
         raise
+    finally:
+        driver.quit()
+
+
+# Fraction of sampled canvas pixels that are not black (a drawn desktop).
+CANVAS_PIXELS = r"""
+const canvas = document.querySelector(arguments[0] + ' .live canvas');
+if (!canvas || canvas.width === 0) return -1;
+const ctx = canvas.getContext('2d');
+const data = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+let lit = 0, n = 0;
+for (let i = 0; i < data.length; i += 4 * 97) {
+  n += 1;
+  if (data[i + 3] > 0 && (data[i] + data[i + 1] + data[i + 2]) > 0) lit += 1;
+}
+return n ? lit / n : 0;
+"""
+
+
+def serves_live_screen(api, base, cid):
+    """Whether this broker has the screen gateway and noVNC (probed with a
+    view capability that is revoked at once)."""
+    try:
+        grant = api.call("POST", f"/v1/computers/{cid}/screens", {"mode": "view", "ttl_ms": 60000})
+    except RuntimeError as e:
+        if "no_route" in str(e):
+            return False
+        raise
+    api.call("DELETE", f"/v1/screens/{grant['screen_id']}")
+    try:
+        with urllib.request.urlopen(base + "/novnc/core/rfb.js", timeout=10) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+def run_live_screen(base, token, cid, api, evidence):
+    """The live screen of a ready desktop: view, Take control, Release, and
+    the revoked state in words after a stop."""
+    from selenium.webdriver.common.by import By
+
+    if not serves_live_screen(api, base, cid):
+        log("live screen: this broker serves no screen gateway or no noVNC; the still preview "
+            "is the panel's fallback (checked above)")
+        return
+    driver = chromium_driver()
+    card_sel = f'li[data-id="{cid}"]'
+    state = lambda d: d.find_element(By.CSS_SELECTOR, card_sel + " .screen-state").text
+    try:
+        driver.get(base + "/")
+        wait_for(driver, lambda d: d.find_element(By.ID, "token").is_displayed(), "the sign-in form")
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
+        wait_for(driver, lambda d: state(d).startswith("Live"), "the live screen", timeout=60)
+        wait_for(driver, lambda d: d.execute_script(CANVAS_PIXELS, card_sel) > 0,
+                 "non-blank pixels in the live canvas", timeout=30)
+        lit = driver.execute_script(CANVAS_PIXELS, card_sel)
+        assert driver.find_element(By.CSS_SELECTOR, card_sel + " img.screenshot").get_attribute("hidden") is not None, \
+            "the still preview gives way to the live screen"
+        png = evidence / "panel-live.png"
+        driver.save_screenshot(str(png))
+        log(f"live screen: {state(driver)!r}, {lit:.0%} of sampled pixels lit; evidence {png}")
+
+        driver.find_element(By.CSS_SELECTOR, card_sel + " button.take-control").click()
+        wait_for(driver, lambda d: state(d).startswith("Control"), "control", timeout=30)
+        png = evidence / "panel-control.png"
+        driver.save_screenshot(str(png))
+        log(f"Take control: {state(driver)!r}; evidence {png}")
+        driver.find_element(By.CSS_SELECTOR, card_sel + " button.release").click()
+        wait_for(driver, lambda d: state(d).startswith("Live"), "view again after Release", timeout=30)
+        log(f"Release: {state(driver)!r}")
+
+        api.call("POST", f"/v1/computers/{cid}/stop")
+        wait_for(driver, lambda d: state(d) == "Revoked because the desktop stopped",
+                 "the revoked state in words", timeout=60)
+        png = evidence / "panel-revoked.png"
+        driver.save_screenshot(str(png))
+        log(f"after a stop: {state(driver)!r}; evidence {png}")
     finally:
         driver.quit()
 
@@ -446,6 +533,10 @@ def main():
             stopped["stop_reason"], "Stopped")
         log(f"stopped with stop_reason {stopped['stop_reason']!r}; the panel must say {expected!r}")
         run_browser(base, token, cid, expected, evidence, broker)
+        run_live_screen(base, token, cid, api, evidence)
+        if api.call("GET", f"/v1/computers/{cid}")["container"] != "running":
+            api.call("POST", f"/v1/computers/{cid}/start")
+            api.wait(cid, lambda s: s["ready"], "ready again")
         run_polling_fallback(base, token, cid, api, evidence)
         log("PASSED")
         print("1 passed, 0 failed")

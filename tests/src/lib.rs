@@ -19,6 +19,7 @@ pub mod engine;
 pub mod guest;
 pub mod latency;
 pub mod markers;
+pub mod rfb;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

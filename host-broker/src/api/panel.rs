@@ -12,9 +12,11 @@ const INDEX_HTML: &str = include_str!("panel/index.html");
 const PANEL_CSS: &str = include_str!("panel/panel.css");
 const PANEL_JS: &str = include_str!("panel/panel.js");
 
-/// Only our own script and style; screenshots arrive as `blob:` URLs.
+/// Only our own script and style (the live screen's noVNC is served from
+/// here too, by [`crate::screen::viewer`]); screenshots arrive as `blob:`
+/// URLs, noVNC's cursor as a `data:` image.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' blob:; connect-src 'self' ws: wss:; \
+     style-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; \
      frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

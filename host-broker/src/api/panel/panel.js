@@ -4,6 +4,15 @@
 // State flows one way: the WebSocket /v1/events (or, while it is down, a poll
 // of GET /v1/computers every 2 s) updates `computers`; render() draws it.
 // A button click sends exactly one request and never retries by itself.
+//
+// Live screen: once a desktop is ready the panel mints a view capability
+// (POST /v1/computers/{id}/screens) and shows it with noVNC, loaded from
+// /novnc/ (Debian's novnc package on the broker's host). Take control takes
+// the lease as holder "panel" and a control capability bound to its
+// generation; Release gives both back. The gateway enforces view and
+// control and closes a revoked screen with a code and a reason the card
+// shows in words. Without noVNC or the screen routes the still screenshot
+// stays, refreshed every 10 s.
 "use strict";
 
 (function () {
@@ -11,6 +20,11 @@
   const POLL_MS = 2000;
   const SCREENSHOT_REFRESH_MS = 10000;
   const WS_RETRY_MAX_MS = 30000;
+  const SCREEN_TTL_MS = 60 * 60 * 1000;
+  const LEASE_TTL_MS = 60 * 1000;
+  const LEASE_RENEW_MS = 20 * 1000;
+  const FIRST_FRAME_WAIT_MS = 3000;
+  const PANEL_HOLDER = "panel";
 
   /** @type {Map<string, object>} id -> ComputerStatus */
   const computers = new Map();
@@ -20,6 +34,12 @@
   const acting = new Set();
   /** id -> { url, fetchedAt, loading, failed } */
   const previews = new Map();
+  /** id -> live screen session (see openScreen) */
+  const screens = new Map();
+  /** noVNC's RFB class, once loaded. */
+  let RFB = null;
+  /** "unknown" | "loading" | "yes" | "no": can this panel show live screens? */
+  let liveSupport = "unknown";
 
   let token = sessionStorage.getItem(TOKEN_KEY);
   let socket = null;
@@ -40,8 +60,8 @@
     }
   }
 
-  async function api(method, path, body) {
-    const headers = { Authorization: "Bearer " + token };
+  async function api(method, path, body, extraHeaders) {
+    const headers = Object.assign({ Authorization: "Bearer " + token }, extraHeaders || {});
     const init = { method, headers, cache: "no-store" };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
@@ -165,6 +185,7 @@
     if (!status.ready) {
       dropPreview(status.id);
     }
+    if (status.ready) ensureScreen(status.id);
     if (draw) render();
   }
 
@@ -173,6 +194,7 @@
     starting.delete(id);
     acting.delete(id);
     dropPreview(id);
+    closeScreen(id, false);
     if (draw) render();
   }
 
@@ -212,10 +234,284 @@
     for (const [id, status] of computers) {
       const entry = previews.get(id);
       const every = entry && entry.failed ? POLL_MS : SCREENSHOT_REFRESH_MS;
+      if (liveShown(id)) continue; // the live screen is newer than any still
       if (status.ready && entry && !entry.loading && Date.now() - entry.fetchedAt >= every) {
         loadPreview(id);
       }
     }
+  }
+
+  // ---- live screen ---------------------------------------------------------
+
+  /** Loads noVNC once; without it (or without the screen routes) the
+   *  panel keeps the still preview. */
+  async function loadViewer() {
+    if (liveSupport !== "unknown") return;
+    liveSupport = "loading";
+    try {
+      RFB = (await import("/novnc/core/rfb.js")).default;
+      liveSupport = typeof RFB === "function" ? "yes" : "no";
+    } catch (_) {
+      liveSupport = "no";
+    }
+    if (liveSupport === "yes") {
+      for (const [id, c] of computers) if (c.ready) ensureScreen(id);
+    }
+    render();
+  }
+
+  function liveShown(id) {
+    const s = screens.get(id);
+    return Boolean(s && s.shown && (s.state === "live" || s.state === "control"));
+  }
+
+  /** A ready desktop gets a view screen unless it has one, or one that
+   *  failed (that waits for Retry). A revoked one is reopened: the desktop
+   *  is ready again. */
+  function ensureScreen(id) {
+    if (!signedIn) return;
+    if (liveSupport === "unknown") { loadViewer(); return; }
+    if (liveSupport !== "yes") return;
+    const s = screens.get(id);
+    if (s && s.state !== "revoked") return;
+    openScreen(id, "view", null, null);
+  }
+
+  const REVOKED_WORDS = {
+    "revoked: desktop stopped": "Revoked because the desktop stopped",
+    "revoked: desktop killed": "Revoked because the desktop was killed",
+    "revoked: desktop removed": "Revoked because the desktop was removed",
+    "revoked: desktop restarted": "Revoked because the desktop restarted",
+    "revoked: the lease changed hands": "Revoked because another controller took the lease",
+    "revoked: capability deleted": "Revoked",
+    "expired": "Expired",
+  };
+
+  /** Mints a capability and connects to it; replaces any screen of `id`. */
+  async function openScreen(id, mode, generation, note) {
+    closeScreen(id, true);
+    const s = {
+      id, mode, generation, note,
+      state: "connecting", text: "Connecting\u2026",
+      grant: null, rfb: null, ws: null, shown: false, busy: false,
+      frameTimer: null, leaseTimer: null, done: false,
+    };
+    screens.set(id, s);
+    render();
+    let grant;
+    try {
+      const headers = generation === null ? undefined : { "Dormouse-Generation": String(generation) };
+      grant = await (await api("POST", "/v1/computers/" + id + "/screens",
+        { mode, ttl_ms: SCREEN_TTL_MS }, headers)).json();
+    } catch (e) {
+      if (screens.get(id) !== s) return;
+      if (e.status === 404 && e.code === "no_route") {
+        // This broker has no screen gateway: keep the still preview.
+        liveSupport = "no";
+        screens.delete(id);
+        render();
+        return;
+      }
+      failScreen(s, e.message);
+      return;
+    }
+    if (screens.get(id) !== s) {
+      revokeQuietly(grant.screen_id);
+      return;
+    }
+    s.grant = grant;
+    connectScreen(s);
+  }
+
+  function connectScreen(s) {
+    const card = document.querySelector('li[data-id="' + s.id + '"]');
+    const target = card && card.querySelector(".live");
+    if (!target) { failScreen(s, "the card is gone"); return; }
+    target.textContent = "";
+    target.dataset.shown = "false";
+    target.hidden = false;
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    let ws;
+    try {
+      // The token travels as a subprotocol; the gateway answers "binary".
+      ws = new WebSocket(scheme + "//" + location.host + s.grant.websocket,
+        ["binary", "dormouse.screen." + s.grant.token]);
+    } catch (e) {
+      failScreen(s, "the browser refused the connection");
+      return;
+    }
+    s.ws = ws;
+    ws.addEventListener("close", (ev) => screenClosed(s, ev.code, ev.reason));
+    try {
+      s.rfb = new RFB(target, ws, {});
+    } catch (e) {
+      failScreen(s, "the viewer could not start");
+      return;
+    }
+    // The gateway enforces view; this only keeps the browser from trying.
+    s.rfb.viewOnly = s.mode !== "control";
+    s.rfb.scaleViewport = true;
+    s.rfb.resizeSession = false;
+    s.rfb.focusOnClick = s.mode === "control";
+    s.rfb.addEventListener("connect", () => waitForFirstFrame(s, target));
+  }
+
+  /** Shows the live canvas once it holds a drawn frame (or after a bound),
+   *  so the card never flips from the still preview to an empty canvas. */
+  function waitForFirstFrame(s, target) {
+    const started = Date.now();
+    const look = () => {
+      if (s.done) return;
+      const canvas = target.querySelector("canvas");
+      let drawn = false;
+      if (canvas && canvas.width > 0 && canvas.height > 0) {
+        try {
+          const ctx = canvas.getContext("2d");
+          for (let i = 1; i < 8 && !drawn; i++) {
+            for (let j = 1; j < 8 && !drawn; j++) {
+              const px = ctx.getImageData(Math.floor(canvas.width * i / 8),
+                Math.floor(canvas.height * j / 8), 1, 1).data;
+              drawn = px[3] > 0;
+            }
+          }
+        } catch (_) { drawn = true; }
+      }
+      if (drawn || Date.now() - started > FIRST_FRAME_WAIT_MS) {
+        s.shown = true;
+        s.state = s.mode === "control" ? "control" : "live";
+        s.text = s.mode === "control" ? "Control \u00b7 you hold the lease" : "Live \u00b7 view only";
+        target.dataset.shown = "true";
+        render();
+      } else {
+        s.frameTimer = setTimeout(look, 50);
+      }
+    };
+    look();
+  }
+
+  function screenClosed(s, code, reason) {
+    if (s.done || screens.get(s.id) !== s) return;
+    const c = computers.get(s.id);
+    teardown(s);
+    if (code === 4001 || code === 4002) {
+      const words = REVOKED_WORDS[reason] || ("Revoked: " + (reason || "no reason given"));
+      if (c && c.ready && reason === "revoked: the lease changed hands") {
+        // Someone else holds the desktop now: watch it, and say why.
+        openScreen(s.id, "view", null, "control passed to another lease holder");
+        return;
+      }
+      if (c && c.ready && code === 4002) {
+        openScreen(s.id, s.mode === "control" ? "view" : s.mode, null, null);
+        return;
+      }
+      s.state = "revoked";
+      s.text = words;
+    } else if (code === 1001) {
+      s.state = "failed";
+      s.text = "Failed: the broker is shutting down";
+    } else {
+      s.state = "failed";
+      s.text = "Failed: " + (reason || ("the connection closed (" + code + ")"));
+    }
+    render();
+  }
+
+  function failScreen(s, why) {
+    teardown(s);
+    s.state = "failed";
+    s.text = "Failed: " + why;
+    render();
+  }
+
+  /** Ends a session's connection and timers; it is inert afterwards. */
+  function teardown(s) {
+    s.done = true;
+    s.shown = false;
+    clearTimeout(s.frameTimer);
+    clearInterval(s.leaseTimer);
+    s.leaseTimer = null;
+    if (s.rfb) {
+      try { s.rfb.disconnect(); } catch (_) { /* already closed */ }
+    } else if (s.ws) {
+      try { s.ws.close(); } catch (_) { /* already closed */ }
+    }
+    s.rfb = null;
+    s.ws = null;
+    const card = document.querySelector('li[data-id="' + s.id + '"]');
+    const target = card && card.querySelector(".live");
+    if (target) {
+      target.textContent = "";
+      target.dataset.shown = "false";
+    }
+  }
+
+  /** Forgets a screen; `revoke` also revokes its capability. */
+  function closeScreen(id, revoke) {
+    const s = screens.get(id);
+    if (!s) return;
+    screens.delete(id);
+    teardown(s);
+    if (revoke && s.grant) revokeQuietly(s.grant.screen_id);
+  }
+
+  /** DELETE /v1/screens/{id} in the background. Not through api(): a 401
+   *  here must not sign out (this also runs while signing out). */
+  function revokeQuietly(screenId) {
+    if (!token) return;
+    fetch("/v1/screens/" + screenId, {
+      method: "DELETE",
+      headers: { Authorization: "Bearer " + token },
+      cache: "no-store",
+    }).catch(() => {});
+  }
+
+  async function takeControl(id) {
+    const s = screens.get(id);
+    if (s) { s.busy = true; render(); }
+    let lease;
+    try {
+      lease = await (await api("POST", "/v1/computers/" + id + "/lease",
+        { holder: PANEL_HOLDER, ttl_ms: LEASE_TTL_MS })).json();
+    } catch (e) {
+      if (s) s.busy = false;
+      showError("Take control failed: " + e.message);
+      render();
+      return;
+    }
+    await openScreen(id, "control", lease.generation, null);
+    const now = screens.get(id);
+    if (now && now.mode === "control" && !now.done) {
+      now.leaseTimer = setInterval(() => renewLease(now), LEASE_RENEW_MS);
+    }
+  }
+
+  async function renewLease(s) {
+    try {
+      await api("POST", "/v1/computers/" + s.id + "/lease",
+        { holder: PANEL_HOLDER, ttl_ms: LEASE_TTL_MS });
+    } catch (_) {
+      // Another holder has it: the gateway revokes this control screen.
+    }
+  }
+
+  async function release(id) {
+    const s = screens.get(id);
+    if (!s) return;
+    const generation = s.generation;
+    closeScreen(id, true);
+    // Give the lease back where the broker supports it; otherwise it lapses
+    // within LEASE_TTL_MS since the panel stops renewing it.
+    api("DELETE", "/v1/computers/" + id + "/lease", undefined,
+      generation === null ? undefined : { "Dormouse-Generation": String(generation) }).catch(() => {});
+    const c = computers.get(id);
+    if (c && c.ready) openScreen(id, "view", null, null);
+    render();
+  }
+
+  function retryScreen(id) {
+    closeScreen(id, true);
+    const c = computers.get(id);
+    if (c && c.ready) openScreen(id, "view", null, null);
   }
 
   // ---- actions: one request per click ----------------------------------------
@@ -383,6 +679,9 @@
     li.querySelector(".start").addEventListener("click", () => start(id));
     li.querySelector(".stop").addEventListener("click", () => stop(id));
     li.querySelector(".remove").addEventListener("click", () => removeDesktop(id));
+    li.querySelector(".take-control").addEventListener("click", () => takeControl(id));
+    li.querySelector(".release").addEventListener("click", () => release(id));
+    li.querySelector(".retry").addEventListener("click", () => retryScreen(id));
     return li;
   }
 
@@ -406,13 +705,32 @@
     const preview = previews.get(c.id);
     const img = q(".screenshot");
     const empty = q(".empty-state");
-    const showImage = Boolean(c.ready && preview && preview.url);
+    // The live screen, once it has drawn a frame, replaces both.
+    const screen = screens.get(c.id);
+    const live = liveShown(c.id);
+    const showImage = Boolean(c.ready && preview && preview.url) && !live;
     if (showImage && img.getAttribute("src") !== preview.url) img.src = preview.url;
-    if (!showImage) img.removeAttribute("src");
+    if (!showImage && !live) img.removeAttribute("src");
     img.alt = "Screen of " + c.name;
     img.hidden = !showImage;
-    empty.hidden = showImage;
+    empty.hidden = showImage || live;
     empty.textContent = emptyStateText(c, preview);
+    const liveEl = q(".live");
+    liveEl.hidden = !screen || screen.done;
+    liveEl.dataset.mode = screen ? screen.mode : "";
+    liveEl.setAttribute("aria-label", "Live screen of " + c.name);
+
+    const bar = q(".screen-bar");
+    bar.hidden = !screen;
+    if (screen) {
+      bar.dataset.state = screen.state;
+      q(".screen-state").textContent = screen.text + (screen.note ? " \u00b7 " + screen.note : "");
+      const take = q(".take-control");
+      take.hidden = screen.mode !== "view" || screen.state === "failed" || screen.state === "revoked";
+      take.disabled = screen.busy || !c.ready || screen.state !== "live";
+      q(".release").hidden = screen.mode !== "control" || screen.done;
+      q(".retry").hidden = screen.state !== "failed";
+    }
 
     // Start: busy from the click until the desktop is ready.
     const startButton = q(".start");
@@ -454,6 +772,8 @@
   }
 
   function signOut(reason) {
+    // Revoke the screens while the token is still at hand.
+    for (const id of Array.from(screens.keys())) closeScreen(id, true);
     signedIn = false;
     token = null;
     sessionStorage.removeItem(TOKEN_KEY);

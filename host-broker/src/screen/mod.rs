@@ -1,0 +1,145 @@
+//! The live screen: capabilities to watch or control one desktop, and the
+//! gateway that carries RFB between a viewer's WebSocket and the desktop's
+//! VNC socket (`<run dir>/vnc.sock`).
+//!
+//! - [`registry`] mints, checks, lists, expires and revokes capabilities;
+//! - [`rfb`] parses what a viewer sends and keeps a view capability's input
+//!   away from the desktop;
+//! - [`relay`] moves the bytes, bounded, and closes on revocation;
+//! - [`api`] is the HTTP side of the contract (`/v1/computers/{id}/screens`,
+//!   `/v1/screens/{screen_id}`, `/v1/screens/{screen_id}/rfb`);
+//! - [`viewer`] serves the noVNC library the panel shows the screen with.
+//!
+//! This module never decides whether a computer may be watched, nor opens a
+//! guest path itself: both go through [`ScreenHost`], which the broker's
+//! owner implements (admission under the fence, and the race-free,
+//! no-follow connect to `vnc.sock`). It never logs a token.
+
+pub mod api;
+pub mod registry;
+pub mod relay;
+pub mod rfb;
+pub mod viewer;
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use dormouse_protocol::screen::ScreenMode;
+use futures_util::future::BoxFuture;
+use tokio::net::UnixStream;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub use registry::{RegistryError, ScreenRegistry, Ticket};
+pub use relay::{RelayEnd, RelayLimits};
+pub use rfb::{RfbFilter, RfbViolation};
+
+/// File name of the VNC server's socket inside a computer's run directory.
+pub const VNC_SOCKET_FILE_NAME: &str = "vnc.sock";
+
+/// A refusal of the [`ScreenHost`]: status, stable code and a message safe
+/// to show (the owner's own errors map onto it one to one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// HTTP status of the answer.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+impl Refusal {
+    /// Any refusal.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 404 `not_found`: no such computer.
+    pub fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "no such computer")
+    }
+
+    /// 409 `not_ready`: the desktop is not running and ready.
+    pub fn not_ready(why: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "not_ready", why)
+    }
+
+    /// 409 `stale_generation`: the fence refused the caller.
+    pub fn stale_generation(current: u64) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "stale_generation",
+            format!("the lease generation is {current}; send it as Dormouse-Generation"),
+        )
+    }
+
+    /// 503 `screen_unavailable`: the desktop's VNC socket cannot be reached.
+    pub fn unavailable(why: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "screen_unavailable", why)
+    }
+}
+
+/// What the gateway needs from the broker's core. Implemented by the owner's
+/// handle; the tests implement it over a fake VNC server.
+pub trait ScreenHost: Send + Sync + 'static {
+    /// Whether `computer` exists (for listing; a stopped one lists nothing).
+    fn exists(&self, computer: Uuid) -> BoxFuture<'_, Result<(), Refusal>>;
+
+    /// Admits a new capability: the computer exists, its container runs and
+    /// it is ready; for `control`, the fence passes (`generation` is the
+    /// caller's `Dormouse-Generation`, required when a live lease exists).
+    /// Returns the current generation, which a control capability is bound
+    /// to. Must be decided by the one task that owns leases, so a
+    /// generation change cannot slip between this check and the mint
+    /// (the owner revokes older control after every change anyway).
+    fn admit(
+        &self,
+        computer: Uuid,
+        mode: ScreenMode,
+        generation: Option<u64>,
+    ) -> BoxFuture<'_, Result<u64, Refusal>>;
+
+    /// A fresh connection to the desktop's `vnc.sock`, opened with the same
+    /// no-follow, owner-checked rules as the supervisor socket.
+    fn connect_vnc(&self, computer: Uuid) -> BoxFuture<'_, Result<UnixStream, Refusal>>;
+}
+
+/// The gateway's state: the registry, the seam to the core, the bounds.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct ScreenGateway {
+    /// Every live capability.
+    pub registry: ScreenRegistry,
+    /// Admission and VNC connections.
+    pub host: Arc<dyn ScreenHost>,
+    /// Bounds of every relay.
+    pub limits: RelayLimits,
+    /// Cancelled when the broker stops; open screens close with 1001.
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for ScreenGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScreenGateway")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScreenGateway {
+    /// A gateway with an empty registry and default bounds.
+    pub fn new(host: Arc<dyn ScreenHost>, shutdown: CancellationToken) -> Self {
+        Self {
+            registry: ScreenRegistry::new(),
+            host,
+            limits: RelayLimits::default(),
+            shutdown,
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The relay of one viewer: WebSocket binary messages to and from a
+//! connected VNC socket, the client side through [`RfbFilter`].
+//!
+//! It owns the connection's buffers and its end: revocation, expiry, a
+//! broker shutdown, a protocol violation, a viewer too slow to read, or the
+//! desktop's VNC server going away each close it with a WebSocket close code
+//! and a reason. It must never queue without bound: one read buffer toward
+//! the viewer, one filtered message toward the server, and every send to
+//! the viewer is bounded in time, so a viewer that stops reading is dropped
+//! instead of holding memory or anyone else up. Each viewer has its own VNC
+//! connection, so backpressure stays per viewer (the guest's x11vnc runs
+//! with `-threads`, a thread per client).
+
+use std::pin::pin;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use dormouse_protocol::screen::{
+    RevokeReason, ScreenMode, CLOSE_DESKTOP_GONE, CLOSE_PROTOCOL, CLOSE_TOO_SLOW,
+};
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::rfb::{RfbFilter, RfbViolation, MAX_CUT_TEXT};
+
+/// The bounds of one relay.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayLimits {
+    /// How long one send to the viewer may take before it counts as too slow.
+    pub send_stall: Duration,
+    /// Bytes read from the VNC server per WebSocket message.
+    pub read_chunk: usize,
+    /// Largest WebSocket message (and frame) accepted from a viewer.
+    pub max_client_message: usize,
+    /// How often an idle connection is pinged.
+    pub ping_every: Duration,
+    /// How long the close frame may take to go out.
+    pub close_within: Duration,
+}
+
+impl Default for RelayLimits {
+    fn default() -> Self {
+        Self {
+            send_stall: Duration::from_secs(10),
+            read_chunk: 64 * 1024,
+            // A whole clipboard message fits in one WebSocket message.
+            max_client_message: usize::try_from(MAX_CUT_TEXT).unwrap_or(1 << 20) + 64 * 1024,
+            ping_every: Duration::from_secs(30),
+            close_within: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What one relay is allowed and listens to.
+#[derive(Debug)]
+pub struct RelaySession {
+    /// What the capability allows.
+    pub mode: ScreenMode,
+    /// When the capability expires.
+    pub deadline: Instant,
+    /// The capability's revocation signal.
+    pub revoked: watch::Receiver<Option<RevokeReason>>,
+    /// Cancelled when the broker shuts down.
+    pub shutdown: CancellationToken,
+}
+
+/// How a relay ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayEnd {
+    /// The viewer closed or its connection failed.
+    Viewer,
+    /// The capability was revoked or expired, or the broker shuts down.
+    Revoked(RevokeReason),
+    /// The viewer sent RFB the filter refuses.
+    Protocol(RfbViolation),
+    /// The viewer sent a text message (RFB is binary only).
+    TextMessage,
+    /// A send to the viewer took longer than [`RelayLimits::send_stall`].
+    TooSlow,
+    /// The VNC server closed or failed.
+    DesktopGone,
+}
+
+impl RelayEnd {
+    /// The close frame to send, if any (a viewer that left gets none).
+    pub fn close_frame(&self) -> Option<(u16, String)> {
+        match self {
+            Self::Viewer => None,
+            Self::Revoked(reason) => Some((reason.close_code(), reason.close_reason().to_owned())),
+            Self::Protocol(v) => Some((CLOSE_PROTOCOL, format!("rfb refused: {v}"))),
+            Self::TextMessage => Some((CLOSE_PROTOCOL, "rfb refused: text message".to_owned())),
+            Self::TooSlow => Some((CLOSE_TOO_SLOW, "viewer too slow".to_owned())),
+            Self::DesktopGone => {
+                Some((CLOSE_DESKTOP_GONE, "the desktop's screen closed".to_owned()))
+            }
+        }
+    }
+}
+
+/// Counts of one relay, for the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Bytes sent to the viewer.
+    pub to_viewer: u64,
+    /// Bytes forwarded to the VNC server.
+    pub to_desktop: u64,
+    /// Input messages dropped (view mode).
+    pub dropped_input: u64,
+}
+
+/// Relays until something ends it; sends the close frame; returns why.
+pub async fn relay(
+    socket: WebSocket,
+    vnc: UnixStream,
+    mut session: RelaySession,
+    limits: RelayLimits,
+) -> (RelayEnd, RelayStats) {
+    let (mut ws_tx, ws_rx) = socket.split();
+    let (vnc_rd, vnc_wr) = vnc.into_split();
+    let mut stats = RelayStats::default();
+    let mut up_stats = RelayStats::default();
+    let end = {
+        let up = pin!(upstream(ws_rx, vnc_wr, session.mode, &mut up_stats));
+        downstream(&mut ws_tx, vnc_rd, &mut session, limits, up, &mut stats).await
+    };
+    stats.to_desktop = up_stats.to_desktop;
+    stats.dropped_input = up_stats.dropped_input;
+    if let Some((code, reason)) = end.close_frame() {
+        let close = Message::Close(Some(CloseFrame {
+            code,
+            reason: Utf8Bytes::from(reason),
+        }));
+        // Bounded: a viewer that does not read does not get to hold the
+        // relay open; dropping both halves closes the TCP connection.
+        let _ = tokio::time::timeout(limits.close_within, ws_tx.send(close)).await;
+    } else {
+        // The viewer closed: flush the close reply the socket queued.
+        let _ = tokio::time::timeout(limits.close_within, ws_tx.close()).await;
+    }
+    (end, stats)
+}
+
+/// Why the current capability no longer holds, if it does not.
+fn revoked(rx: &watch::Receiver<Option<RevokeReason>>) -> Option<RevokeReason> {
+    *rx.borrow()
+}
+
+/// Waits until the capability is revoked (a dropped sender means revoked:
+/// the registry forgot the capability).
+async fn until_revoked(rx: &mut watch::Receiver<Option<RevokeReason>>) -> RevokeReason {
+    loop {
+        if let Some(reason) = revoked(rx) {
+            return reason;
+        }
+        if rx.changed().await.is_err() {
+            return revoked(rx).unwrap_or(RevokeReason::Deleted);
+        }
+    }
+}
+
+async fn downstream<F>(
+    ws_tx: &mut SplitSink<WebSocket, Message>,
+    mut vnc_rd: OwnedReadHalf,
+    session: &mut RelaySession,
+    limits: RelayLimits,
+    mut up: std::pin::Pin<&mut F>,
+    stats: &mut RelayStats,
+) -> RelayEnd
+where
+    F: std::future::Future<Output = RelayEnd>,
+{
+    let mut buf = vec![0u8; limits.read_chunk.max(1)];
+    let mut ping = tokio::time::interval(limits.ping_every);
+    ping.tick().await;
+    let deadline = session.deadline;
+    let shutdown = session.shutdown.clone();
+    let revoked_rx = &mut session.revoked;
+    loop {
+        let message = tokio::select! {
+            biased;
+            reason = until_revoked(revoked_rx) => return RelayEnd::Revoked(reason),
+            () = tokio::time::sleep_until(deadline) => return RelayEnd::Revoked(RevokeReason::Expired),
+            () = shutdown.cancelled() => return RelayEnd::Revoked(RevokeReason::Shutdown),
+            end = &mut up => return end,
+            read = vnc_rd.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return RelayEnd::DesktopGone,
+                Ok(n) => {
+                    stats.to_viewer += n as u64;
+                    Message::Binary(Bytes::copy_from_slice(&buf[..n]))
+                }
+            },
+            _ = ping.tick() => Message::Ping(Bytes::new()),
+        };
+        // While one send is pending nothing else is read from the server
+        // (that is the per-viewer backpressure), but revocation still wins.
+        tokio::select! {
+            biased;
+            reason = until_revoked(revoked_rx) => return RelayEnd::Revoked(reason),
+            () = tokio::time::sleep_until(deadline) => return RelayEnd::Revoked(RevokeReason::Expired),
+            () = shutdown.cancelled() => return RelayEnd::Revoked(RevokeReason::Shutdown),
+            sent = tokio::time::timeout(limits.send_stall, ws_tx.send(message)) => match sent {
+                Err(_) => return RelayEnd::TooSlow,
+                Ok(Err(_)) => return RelayEnd::Viewer,
+                Ok(Ok(())) => {}
+            },
+        }
+    }
+}
+
+async fn upstream(
+    mut ws_rx: SplitStream<WebSocket>,
+    mut vnc_wr: OwnedWriteHalf,
+    mode: ScreenMode,
+    stats: &mut RelayStats,
+) -> RelayEnd {
+    let mut filter = RfbFilter::new(mode);
+    let mut out = Vec::new();
+    let end = loop {
+        let data = match ws_rx.next().await {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break RelayEnd::Viewer,
+            Some(Ok(Message::Binary(data))) => data,
+            Some(Ok(Message::Text(_))) => break RelayEnd::TextMessage,
+            // Pings are answered by the socket itself.
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+        };
+        out.clear();
+        if let Err(violation) = filter.feed(&data, &mut out) {
+            break RelayEnd::Protocol(violation);
+        }
+        stats.dropped_input = filter.dropped();
+        if !out.is_empty() {
+            if vnc_wr.write_all(&out).await.is_err() {
+                break RelayEnd::DesktopGone;
+            }
+            stats.to_desktop += out.len() as u64;
+        }
+        // Never keep a large buffer alive after one large clipboard message.
+        if out.capacity() > 256 * 1024 {
+            out = Vec::new();
+        }
+    };
+    stats.dropped_input = filter.dropped();
+    end
+}

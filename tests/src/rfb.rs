@@ -1,0 +1,539 @@
+//! A raw RFB viewer over the broker's screen WebSocket, and a fake VNC server
+//! on a unix socket that records what reaches it.
+//!
+//! The viewer speaks RFB 3.8 with security None byte by byte (no library
+//! between the test and the wire), so a test can send exactly the messages
+//! it means, malformed ones included. The fake server plays a desktop's
+//! `vnc.sock`: it does the server side of the handshake, records every byte
+//! a viewer's connection delivers after it, and can stream framebuffer
+//! updates to every connection on its own. Neither ever decides what is
+//! allowed; that is the gateway's job, and these only witness it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// RFB message types a viewer sends.
+pub mod client_msg {
+    /// SetPixelFormat.
+    pub const SET_PIXEL_FORMAT: u8 = 0;
+    /// SetEncodings.
+    pub const SET_ENCODINGS: u8 = 2;
+    /// FramebufferUpdateRequest.
+    pub const UPDATE_REQUEST: u8 = 3;
+    /// KeyEvent.
+    pub const KEY: u8 = 4;
+    /// PointerEvent.
+    pub const POINTER: u8 = 5;
+    /// ClientCutText.
+    pub const CUT_TEXT: u8 = 6;
+}
+
+/// `KeyEvent` bytes.
+pub fn key_event(down: bool, keysym: u32) -> Vec<u8> {
+    let mut v = vec![client_msg::KEY, u8::from(down), 0, 0];
+    v.extend_from_slice(&keysym.to_be_bytes());
+    v
+}
+
+/// `PointerEvent` bytes.
+pub fn pointer_event(buttons: u8, x: u16, y: u16) -> Vec<u8> {
+    let mut v = vec![client_msg::POINTER, buttons];
+    v.extend_from_slice(&x.to_be_bytes());
+    v.extend_from_slice(&y.to_be_bytes());
+    v
+}
+
+/// `ClientCutText` bytes.
+pub fn cut_text(text: &[u8]) -> Vec<u8> {
+    let mut v = vec![client_msg::CUT_TEXT, 0, 0, 0];
+    v.extend_from_slice(&u32::try_from(text.len()).unwrap().to_be_bytes());
+    v.extend_from_slice(text);
+    v
+}
+
+/// `FramebufferUpdateRequest` bytes for the rectangle.
+pub fn update_request(incremental: bool, x: u16, y: u16, w: u16, h: u16) -> Vec<u8> {
+    let mut v = vec![client_msg::UPDATE_REQUEST, u8::from(incremental)];
+    for n in [x, y, w, h] {
+        v.extend_from_slice(&n.to_be_bytes());
+    }
+    v
+}
+
+/// `SetEncodings` bytes.
+pub fn set_encodings(encodings: &[i32]) -> Vec<u8> {
+    let mut v = vec![client_msg::SET_ENCODINGS, 0];
+    v.extend_from_slice(&u16::try_from(encodings.len()).unwrap().to_be_bytes());
+    for e in encodings {
+        v.extend_from_slice(&e.to_be_bytes());
+    }
+    v
+}
+
+/// `SetPixelFormat` to 32 bpp, depth 24, little-endian true colour
+/// (red at bit 16, green 8, blue 0), so pixels read as `[b, g, r, 0]`.
+pub fn set_pixel_format_bgrx() -> Vec<u8> {
+    vec![
+        client_msg::SET_PIXEL_FORMAT,
+        0,
+        0,
+        0,
+        32,
+        24,
+        0,
+        1,
+        0,
+        255,
+        0,
+        255,
+        0,
+        255,
+        16,
+        8,
+        0,
+        0,
+        0,
+        0,
+    ]
+}
+
+/// What the server said in ServerInit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInit {
+    /// Framebuffer width.
+    pub width: u16,
+    /// Framebuffer height.
+    pub height: u16,
+    /// The 16 bytes of the server's pixel format.
+    pub pixel_format: [u8; 16],
+    /// The desktop's name.
+    pub name: String,
+}
+
+/// One rectangle of a framebuffer update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rect {
+    /// Left.
+    pub x: u16,
+    /// Top.
+    pub y: u16,
+    /// Width.
+    pub w: u16,
+    /// Height.
+    pub h: u16,
+    /// Encoding (0 = Raw; pseudo-encodings carry no pixels here).
+    pub encoding: i32,
+    /// Raw pixels, 4 bytes each (only for Raw at 32 bpp).
+    pub pixels: Vec<u8>,
+}
+
+/// How a screen WebSocket ended, as the viewer saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Closed {
+    /// The close code, if a close frame came.
+    pub code: Option<u16>,
+    /// Its reason.
+    pub reason: String,
+}
+
+/// A viewer on the screen WebSocket.
+#[derive(Debug)]
+pub struct RfbViewer {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    buf: Vec<u8>,
+    /// The subprotocol the gateway selected.
+    pub protocol: Option<String>,
+}
+
+/// How to present the screen token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenIn {
+    /// `Sec-WebSocket-Protocol: binary, dormouse.screen.<token>`.
+    Subprotocol,
+    /// `?token=<token>`.
+    Query,
+}
+
+impl RfbViewer {
+    /// Opens `ws_url` (e.g. `ws://127.0.0.1:port/v1/screens/<id>/rfb`).
+    /// An HTTP refusal comes back as an error whose text has the status.
+    pub async fn connect(ws_url: &str, token: &str, how: TokenIn) -> Result<Self> {
+        let url = match how {
+            TokenIn::Subprotocol => ws_url.to_owned(),
+            TokenIn::Query => format!("{ws_url}?token={token}"),
+        };
+        let mut req = url.into_client_request()?;
+        let protocols = match how {
+            TokenIn::Subprotocol => format!("binary, dormouse.screen.{token}"),
+            TokenIn::Query => "binary".to_owned(),
+        };
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", HeaderValue::from_str(&protocols)?);
+        Self::open(req).await
+    }
+
+    /// Opens with any request (for tests of refusals: bearer headers, other
+    /// subprotocols).
+    pub async fn open(
+        req: tokio_tungstenite::tungstenite::handshake::client::Request,
+    ) -> Result<Self> {
+        let (ws, response) = tokio_tungstenite::connect_async(req)
+            .await
+            .map_err(|e| match e {
+                tokio_tungstenite::tungstenite::Error::Http(r) => anyhow::anyhow!(
+                    "refused: {} {}",
+                    r.status().as_u16(),
+                    r.body()
+                        .as_ref()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default()
+                ),
+                other => anyhow::anyhow!("websocket: {other}"),
+            })?;
+        let protocol = response
+            .headers()
+            .get("Sec-WebSocket-Protocol")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok(Self {
+            ws,
+            buf: Vec::new(),
+            protocol,
+        })
+    }
+
+    /// Sends bytes as one binary message.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.ws.send(Message::binary(bytes.to_vec())).await?;
+        Ok(())
+    }
+
+    /// Sends a text message (RFB has none; the gateway must refuse it).
+    pub async fn send_text(&mut self, text: &str) -> Result<()> {
+        self.ws.send(Message::text(text.to_owned())).await?;
+        Ok(())
+    }
+
+    /// Reads until `n` bytes are buffered, then takes them.
+    pub async fn read_exact(&mut self, n: usize) -> Result<Vec<u8>> {
+        while self.buf.len() < n {
+            match self.ws.next().await {
+                Some(Ok(Message::Binary(b))) => self.buf.extend_from_slice(&b),
+                Some(Ok(Message::Close(frame))) => bail!(
+                    "closed: {:?}",
+                    frame.map(|f| (u16::from(f.code), f.reason.to_string()))
+                ),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => bail!("websocket: {e}"),
+                None => bail!("websocket ended"),
+            }
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    /// Reads whatever comes next (at least one byte).
+    pub async fn read_some(&mut self) -> Result<Vec<u8>> {
+        if self.buf.is_empty() {
+            let mut first = self.read_exact(1).await?;
+            first.append(&mut self.buf);
+            return Ok(first);
+        }
+        Ok(std::mem::take(&mut self.buf))
+    }
+
+    /// The client side of the handshake: version 3.8, security None,
+    /// ClientInit shared.
+    pub async fn handshake(&mut self) -> Result<ServerInit> {
+        let version = self.read_exact(12).await?;
+        ensure!(version.starts_with(b"RFB 003."), "banner {version:?}");
+        self.send(b"RFB 003.008\n").await?;
+        let count = self.read_exact(1).await?[0];
+        ensure!(count > 0, "the server offered no security type");
+        let types = self.read_exact(usize::from(count)).await?;
+        ensure!(types.contains(&1), "no security None among {types:?}");
+        self.send(&[1]).await?;
+        let result = self.read_exact(4).await?;
+        ensure!(result == [0, 0, 0, 0], "security result {result:?}");
+        self.send(&[1]).await?;
+        let init = self.read_exact(24).await?;
+        let width = u16::from_be_bytes([init[0], init[1]]);
+        let height = u16::from_be_bytes([init[2], init[3]]);
+        let mut pixel_format = [0u8; 16];
+        pixel_format.copy_from_slice(&init[4..20]);
+        let name_len = u32::from_be_bytes([init[20], init[21], init[22], init[23]]);
+        ensure!(name_len <= 4096, "desktop name of {name_len} bytes");
+        let name = self.read_exact(usize::try_from(name_len)?).await?;
+        Ok(ServerInit {
+            width,
+            height,
+            pixel_format,
+            name: String::from_utf8_lossy(&name).into_owned(),
+        })
+    }
+
+    /// Reads server messages until a FramebufferUpdate and returns its
+    /// rectangles (Raw at 32 bpp and pixel-less pseudo-encodings only: ask
+    /// for those with [`set_encodings`]`(&[0])`). Bell and cut-text messages
+    /// in between are skipped.
+    pub async fn read_update(&mut self) -> Result<Vec<Rect>> {
+        loop {
+            let kind = self.read_exact(1).await?[0];
+            match kind {
+                0 => {
+                    let head = self.read_exact(3).await?;
+                    let n = u16::from_be_bytes([head[1], head[2]]);
+                    let mut rects = Vec::with_capacity(usize::from(n));
+                    for _ in 0..n {
+                        let r = self.read_exact(12).await?;
+                        let be = |i: usize| u16::from_be_bytes([r[i], r[i + 1]]);
+                        let encoding = i32::from_be_bytes([r[8], r[9], r[10], r[11]]);
+                        let (w, h) = (be(4), be(6));
+                        let pixels = if encoding == 0 {
+                            self.read_exact(usize::from(w) * usize::from(h) * 4).await?
+                        } else if encoding < 0 {
+                            Vec::new()
+                        } else {
+                            bail!("encoding {encoding} not supported by this viewer");
+                        };
+                        rects.push(Rect {
+                            x: be(0),
+                            y: be(2),
+                            w,
+                            h,
+                            encoding,
+                            pixels,
+                        });
+                    }
+                    return Ok(rects);
+                }
+                1 => bail!("SetColourMapEntries: the viewer asked for true colour"),
+                2 => {}
+                3 => {
+                    let head = self.read_exact(7).await?;
+                    let len = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
+                    ensure!(len <= 1 << 20, "server cut text of {len} bytes");
+                    self.read_exact(usize::try_from(len)?).await?;
+                }
+                other => bail!("server message type {other} not supported by this viewer"),
+            }
+        }
+    }
+
+    /// Waits (at most `within`) for the connection to end, skipping data.
+    pub async fn closed(&mut self, within: Duration) -> Result<Closed> {
+        tokio::time::timeout(within, async {
+            loop {
+                match self.ws.next().await {
+                    Some(Ok(Message::Close(frame))) => {
+                        return Ok(Closed {
+                            code: frame.as_ref().map(|f| u16::from(f.code)),
+                            reason: frame.map(|f| f.reason.to_string()).unwrap_or_default(),
+                        })
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => {
+                        return Ok(Closed {
+                            code: None,
+                            reason: String::new(),
+                        })
+                    }
+                }
+            }
+        })
+        .await
+        .context("the connection stayed open")?
+    }
+
+    /// Closes politely.
+    pub async fn close(mut self) {
+        let _ = self
+            .ws
+            .close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: CloseCode::Normal,
+                reason: "bye".into(),
+            }))
+            .await;
+    }
+}
+
+/// What one connection to the fake server delivered.
+#[derive(Debug, Default)]
+pub struct FakeConnection {
+    /// The 12-byte version the viewer sent.
+    pub version: Vec<u8>,
+    /// Every byte after the handshake (security type and ClientInit too).
+    pub received: Vec<u8>,
+    /// The handshake completed.
+    pub handshaken: bool,
+    /// The connection ended (EOF or error on read).
+    pub closed: bool,
+}
+
+/// A fake VNC server on a unix socket.
+#[derive(Debug)]
+pub struct FakeVncServer {
+    path: PathBuf,
+    /// One entry per accepted connection, in order.
+    pub connections: Arc<Mutex<Vec<Arc<Mutex<FakeConnection>>>>>,
+    task: JoinHandle<()>,
+}
+
+/// Framebuffer size of the fake server.
+pub const FAKE_WIDTH: u16 = 64;
+/// Framebuffer height of the fake server.
+pub const FAKE_HEIGHT: u16 = 48;
+
+impl FakeVncServer {
+    /// Listens at `path`. With `stream_every`, each connection also gets a
+    /// Raw FramebufferUpdate of the whole 64x48 screen (12 KiB) that often,
+    /// whether it asked or not (as continuous updates would).
+    pub fn start(path: &Path, stream_every: Option<Duration>) -> Result<Self> {
+        let listener = UnixListener::bind(path)?;
+        let connections: Arc<Mutex<Vec<Arc<Mutex<FakeConnection>>>>> = Arc::default();
+        let all = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let conn = Arc::new(Mutex::new(FakeConnection::default()));
+                all.lock().unwrap().push(conn.clone());
+                tokio::spawn(serve(stream, conn, stream_every));
+            }
+        });
+        Ok(Self {
+            path: path.to_owned(),
+            connections,
+            task,
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Connection `i`'s record.
+    pub fn connection(&self, i: usize) -> Option<Arc<Mutex<FakeConnection>>> {
+        self.connections.lock().unwrap().get(i).cloned()
+    }
+
+    /// How many connections were accepted.
+    pub fn accepted(&self) -> usize {
+        self.connections.lock().unwrap().len()
+    }
+
+    /// Waits until connection `i` has received `pred`, at most `within`.
+    pub async fn wait_for(
+        &self,
+        i: usize,
+        within: Duration,
+        pred: impl Fn(&FakeConnection) -> bool,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(c) = self.connection(i) {
+                if pred(&c.lock().unwrap()) {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("fake VNC connection {i}: condition not met within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for FakeVncServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One Raw FramebufferUpdate of the whole fake screen: a gradient (blue
+/// across, green down) whose red is `shade`, so each update differs.
+pub fn fake_update(shade: u8) -> Vec<u8> {
+    let mut v = vec![0, 0, 0, 1, 0, 0, 0, 0];
+    v.extend_from_slice(&FAKE_WIDTH.to_be_bytes());
+    v.extend_from_slice(&FAKE_HEIGHT.to_be_bytes());
+    v.extend_from_slice(&0i32.to_be_bytes());
+    for y in 0..FAKE_HEIGHT {
+        for x in 0..FAKE_WIDTH {
+            let blue = u8::try_from(u32::from(x) * 255 / u32::from(FAKE_WIDTH)).unwrap_or(255);
+            let green = u8::try_from(u32::from(y) * 255 / u32::from(FAKE_HEIGHT)).unwrap_or(255);
+            v.extend_from_slice(&[blue, green, shade, 0]);
+        }
+    }
+    v
+}
+
+async fn serve(stream: UnixStream, conn: Arc<Mutex<FakeConnection>>, every: Option<Duration>) {
+    let (mut rd, mut wr) = stream.into_split();
+    let handshake = async {
+        wr.write_all(b"RFB 003.008\n").await?;
+        let mut version = [0u8; 12];
+        rd.read_exact(&mut version).await?;
+        conn.lock().unwrap().version = version.to_vec();
+        wr.write_all(&[1, 1]).await?;
+        let mut security = [0u8; 1];
+        rd.read_exact(&mut security).await?;
+        conn.lock().unwrap().received.push(security[0]);
+        wr.write_all(&[0, 0, 0, 0]).await?;
+        let mut shared = [0u8; 1];
+        rd.read_exact(&mut shared).await?;
+        conn.lock().unwrap().received.push(shared[0]);
+        let mut init = Vec::new();
+        init.extend_from_slice(&FAKE_WIDTH.to_be_bytes());
+        init.extend_from_slice(&FAKE_HEIGHT.to_be_bytes());
+        init.extend_from_slice(&[32, 24, 0, 1, 0, 255, 0, 255, 0, 255, 16, 8, 0, 0, 0, 0]);
+        init.extend_from_slice(&4u32.to_be_bytes());
+        init.extend_from_slice(b"fake");
+        wr.write_all(&init).await?;
+        conn.lock().unwrap().handshaken = true;
+        std::io::Result::Ok(())
+    };
+    if handshake.await.is_err() {
+        conn.lock().unwrap().closed = true;
+        return;
+    }
+    // Without streaming the write half stays here: dropping it would shut
+    // the connection's write side down, which reads as the desktop leaving.
+    let (writer, _idle_writer) = match every {
+        Some(every) => (
+            Some(tokio::spawn(async move {
+                let mut shade = 0u8;
+                loop {
+                    tokio::time::sleep(every).await;
+                    shade = shade.wrapping_add(1);
+                    if wr.write_all(&fake_update(shade)).await.is_err() {
+                        return;
+                    }
+                }
+            })),
+            None,
+        ),
+        None => (None, Some(wr)),
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => conn.lock().unwrap().received.extend_from_slice(&buf[..n]),
+        }
+    }
+    conn.lock().unwrap().closed = true;
+    if let Some(w) = writer {
+        w.abort();
+    }
+}
