@@ -40,7 +40,7 @@ use uuid::Uuid;
 use self::computer::{materially_different, Computer};
 use crate::command::{BrokerHandle, Command, Reply};
 use crate::config::BrokerConfig;
-use crate::engine::docker::{DockerBackend, DockerConfig};
+use crate::engine::docker::{Dialect, DockerBackend, DockerConfig};
 use crate::engine::{Backend, Change, Engine, ImageInfo, Listed};
 use crate::error::BrokerError;
 use crate::guest::GuestUpdate;
@@ -100,15 +100,29 @@ enum Internal {
     BackendDown(String),
 }
 
-/// Starts the broker core over a Docker-API engine (see [`spawn_backend`]).
+/// Starts the broker core over a Docker Engine (see [`spawn_backend`]).
 pub async fn spawn(
     config: BrokerConfig,
     engine: Arc<dyn Engine>,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
+    spawn_docker_api(config, engine, Dialect::Docker, metrics).await
+}
+
+/// Starts the broker core over an engine that speaks the Docker API in
+/// `dialect` (Docker itself, or Podman's compatible service).
+pub async fn spawn_docker_api(
+    config: BrokerConfig,
+    engine: Arc<dyn Engine>,
+    dialect: Dialect,
+    metrics: Arc<Metrics>,
+) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
     let backend = DockerBackend::new(
         engine,
-        DockerConfig::from_broker(&config),
+        DockerConfig {
+            dialect,
+            ..DockerConfig::from_broker(&config)
+        },
         Paths::new(&config.data_dir),
     );
     spawn_backend(config, Arc::new(backend), metrics).await

@@ -54,6 +54,9 @@ pub struct ApiState {
     pub token: ApiToken,
     /// Cancelled when the daemon stops; open WebSockets then close with 1001.
     pub shutdown: CancellationToken,
+    /// Which container engine answered at start-up (`Podman Engine 4.3.1
+    /// (API 1.41)`), for `/healthz`; `None` when it did not answer.
+    pub engine: Option<String>,
 }
 
 impl ApiState {
@@ -64,6 +67,7 @@ impl ApiState {
             metrics,
             token,
             shutdown: CancellationToken::new(),
+            engine: None,
         }
     }
 }
@@ -196,9 +200,13 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// `GET /healthz`: the process serves; says nothing about the engine.
-async fn healthz() -> &'static str {
-    "ok\n"
+/// `GET /healthz`: the process serves (first line `ok`), and which engine it
+/// found at start-up (`engine: …`); no token needed, nothing else said.
+async fn healthz(State(state): State<ApiState>) -> String {
+    match &state.engine {
+        Some(engine) => format!("ok\nengine: {engine}\n"),
+        None => "ok\n".to_owned(),
+    }
 }
 
 /// `GET /v1/openapi.json`.

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, ApiState, ApiToken};
 use crate::command::BrokerHandle;
 use crate::config::{BrokerConfig, ResourceLimits};
-use crate::engine::docker::DockerEngine;
+use crate::engine::docker::{Dialect, DockerEngine};
 use crate::metrics::Metrics;
 use crate::owner;
 pub use listen::{Activation, ApiListener, ListenAddr};
@@ -104,6 +104,16 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_connections: u32,
+    /// Longest a desktop runs without a stop, whatever its guest reports
+    /// (e.g. 12h); off unless given.
+    #[arg(long, value_name = "DURATION", value_parser = parse_idle_timeout)]
+    pub max_run: Option<Duration>,
+    /// The container engine's API socket, a path or `unix://` URL: Docker's,
+    /// or Podman's Docker-compatible service
+    /// (`podman system service unix:///run/podman/podman.sock`) [default:
+    /// DOCKER_HOST, else /var/run/docker.sock].
+    #[arg(long, value_name = "SOCKET")]
+    pub engine_socket: Option<String>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -146,6 +156,7 @@ impl DaemonArgs {
         config.stop_timeout = self.stop_timeout;
         config.ready_timeout = self.ready_timeout;
         config.container_labels = self.labels.iter().cloned().collect();
+        config.max_run = self.max_run;
         config
     }
 }
@@ -241,12 +252,17 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     );
 
     let metrics = Arc::new(Metrics::default());
-    let (broker, mut core) =
-        spawn_core(args.broker_config(data_dir.clone()), metrics.clone()).await?;
+    let (broker, mut core, engine) = spawn_core(
+        args.broker_config(data_dir.clone()),
+        args.engine_socket.as_deref(),
+        metrics.clone(),
+    )
+    .await?;
 
     let shutdown = CancellationToken::new();
     let mut state = ApiState::new(broker, metrics, token.clone());
     state.shutdown = shutdown.clone();
+    state.engine = engine;
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,
@@ -328,17 +344,29 @@ pub fn prepare_data_dir(path: &Path) -> Result<(), DaemonError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
-/// Starts the broker core (reconcile included) over the Docker engine.
+/// Starts the broker core (reconcile included) over the Docker-API engine
+/// at `socket`; which engine answered (Docker or Podman) decides the dialect
+/// and is reported on `/healthz`.
 async fn spawn_core(
     config: BrokerConfig,
+    socket: Option<&str>,
     metrics: Arc<Metrics>,
-) -> Result<(BrokerHandle, JoinHandle<()>), DaemonError> {
-    let engine = DockerEngine::connect()
+) -> Result<(BrokerHandle, JoinHandle<()>, Option<String>), DaemonError> {
+    let engine = DockerEngine::connect_to(socket)
         .await
         .map_err(|e| DaemonError::Engine(e.to_string()))?;
-    owner::spawn(config, Arc::new(engine), metrics)
+    let identity = engine.identity().cloned();
+    let dialect = match &identity {
+        Some(id) => Dialect::from_engine_name(&id.name),
+        None => {
+            tracing::warn!("the engine did not answer yet: assuming Docker's dialect");
+            Dialect::Docker
+        }
+    };
+    let (handle, task) = owner::spawn_docker_api(config, Arc::new(engine), dialect, metrics)
         .await
-        .map_err(|e| DaemonError::Core(e.to_string()))
+        .map_err(|e| DaemonError::Core(e.to_string()))?;
+    Ok((handle, task, identity.map(|i| i.to_string())))
 }
 
 /// SIGHUP: re-read the token file, so a token can be rotated without a

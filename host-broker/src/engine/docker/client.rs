@@ -1,6 +1,7 @@
 //! [`Engine`](super::api::Engine) over the Docker Engine API with bollard.
 //!
-//! Connects with `DOCKER_HOST` honoured (or the default unix socket) and
+//! Connects to the socket it is given (`--engine-socket`), else with
+//! `DOCKER_HOST` honoured (or the default unix socket), and
 //! negotiates the API version down to what the engine speaks: Docker 20.10
 //! answers API 1.41 and refuses newer clients. When the engine is not there
 //! yet, the connection is still made and negotiation is retried on the next
@@ -37,25 +38,60 @@ use super::api::{
 /// Bound on connecting to the engine and negotiating the API version.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The Docker engine, through bollard.
+/// Which engine answers, and its version, as its version report says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineIdentity {
+    /// `Docker Engine`, `Podman Engine`, …
+    pub name: String,
+    /// The engine's own version, e.g. `20.10.24`, `4.3.1`.
+    pub version: String,
+    /// The API version both sides speak, e.g. `1.41`.
+    pub api_version: String,
+}
+
+impl std::fmt::Display for EngineIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} (API {})",
+            self.name, self.version, self.api_version
+        )
+    }
+}
+
+/// The Docker engine (or Podman's Docker-compatible service), through bollard.
 #[derive(Debug, Clone)]
 pub struct DockerEngine {
     /// The negotiated client, made on first successful use. bollard checks
     /// that a unix socket exists when the client is made, so an engine that
     /// is not up yet must not stop the broker from starting.
     client: Arc<Mutex<Option<Docker>>>,
+    /// The socket given on the command line; `None`: `DOCKER_HOST` or the
+    /// default.
+    socket: Option<String>,
+    /// Who answered the first successful connection.
+    identity: Arc<std::sync::OnceLock<EngineIdentity>>,
 }
 
 impl DockerEngine {
     /// Connects to the engine named by `DOCKER_HOST` (default: the local
-    /// unix socket) and negotiates the API version.
+    /// unix socket); see [`Self::connect_to`].
+    pub async fn connect() -> Result<DockerEngine, EngineError> {
+        Self::connect_to(None).await
+    }
+
+    /// Connects to the engine at `socket` (a path or `unix://` URL), else to
+    /// the one named by `DOCKER_HOST` (default: the local unix socket), and
+    /// negotiates the API version.
     ///
     /// An engine that is not reachable yet is not an error here (the broker
     /// must keep serving without one; every verb retries the connection); a
     /// malformed `DOCKER_HOST` is.
-    pub async fn connect() -> Result<DockerEngine, EngineError> {
+    pub async fn connect_to(socket: Option<&str>) -> Result<DockerEngine, EngineError> {
         let engine = DockerEngine {
             client: Arc::new(Mutex::new(None)),
+            socket: socket.map(str::to_owned),
+            identity: Arc::new(std::sync::OnceLock::new()),
         };
         match engine.client().await {
             Ok(_) => Ok(engine),
@@ -73,16 +109,58 @@ impl DockerEngine {
         if let Some(docker) = slot.as_ref() {
             return Ok(docker.clone());
         }
-        let docker = Docker::connect_with_defaults().map_err(map_err)?;
+        let docker = match &self.socket {
+            Some(socket) => Docker::connect_with_socket(
+                socket,
+                CONNECT_TIMEOUT.as_secs(),
+                bollard::API_DEFAULT_VERSION,
+            ),
+            None => Docker::connect_with_defaults(),
+        }
+        .map_err(map_err)?;
         let docker = tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version())
             .await
             .map_err(|_| EngineError::Unavailable("no answer from the engine".into()))?
             .map_err(map_err)?;
         tracing::debug!(api = %docker.client_version(), "engine API version negotiated");
+        if let Some(identity) = identify(&docker).await {
+            tracing::info!(engine = %identity, "container engine");
+            let _ = self.identity.set(identity);
+        }
         report_storage_driver(&docker).await;
         *slot = Some(docker.clone());
         Ok(docker)
     }
+}
+
+impl DockerEngine {
+    /// Who answered, once a connection succeeded.
+    pub fn identity(&self) -> Option<&EngineIdentity> {
+        self.identity.get()
+    }
+}
+
+/// The engine's name and version from its version report: Podman lists a
+/// component `Podman Engine`, Docker one called `Engine`.
+async fn identify(docker: &Docker) -> Option<EngineIdentity> {
+    let version = tokio::time::timeout(CONNECT_TIMEOUT, docker.version())
+        .await
+        .ok()?
+        .ok()?;
+    let components = version.components.unwrap_or_default();
+    let name = if components
+        .iter()
+        .any(|c| c.name.to_ascii_lowercase().contains("podman"))
+    {
+        "Podman Engine"
+    } else {
+        "Docker Engine"
+    };
+    Some(EngineIdentity {
+        name: name.to_owned(),
+        version: version.version.unwrap_or_default(),
+        api_version: docker.client_version().to_string(),
+    })
 }
 
 /// Logs the engine's storage driver once, warning about the ones that make

@@ -115,6 +115,9 @@ pub type Hook = std::sync::Arc<dyn Fn(&ContainerInfo) + Send + Sync>;
 struct Hooks {
     on_start: Option<Hook>,
     on_end: Option<Hook>,
+    /// Changes what `create` stores, as an engine that accepts a setting
+    /// and does not apply it would.
+    on_create: Option<std::sync::Arc<dyn Fn(&mut ContainerInfo) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -122,6 +125,7 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("on_start", &self.on_start.is_some())
             .field("on_end", &self.on_end.is_some())
+            .field("on_create", &self.on_create.is_some())
             .finish()
     }
 }
@@ -157,6 +161,15 @@ impl FakeEngine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .on_start = Some(std::sync::Arc::new(hook));
+    }
+
+    /// Lets `change` alter every container `create` stores (an engine that
+    /// silently drops a setting).
+    pub fn on_create(&self, change: impl Fn(&mut ContainerInfo) + Send + Sync + 'static) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .on_create = Some(std::sync::Arc::new(change));
     }
 
     /// Runs `hook` whenever a container's run ends (stop, kill, OOM, forced remove).
@@ -449,7 +462,7 @@ impl Engine for FakeEngine {
                     .iter()
                     .map(|c| format!("CAP_{}", normalize_cap(c)))
                     .collect();
-                let info = ContainerInfo {
+                let mut info = ContainerInfo {
                     id: id.clone(),
                     name: spec.name.clone(),
                     image: spec.image.clone(),
@@ -468,6 +481,15 @@ impl Engine for FakeEngine {
                     process: spec.expected_process().unwrap_or_default(),
                     apparmor_profile: String::new(),
                 };
+                let change = self
+                    .hooks
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .on_create
+                    .clone();
+                if let Some(change) = change {
+                    change(&mut info);
+                }
                 s.containers.insert(spec.name.clone(), info.clone());
                 info
             };

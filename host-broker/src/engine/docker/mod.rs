@@ -59,10 +59,14 @@ impl Dialect {
         }
     }
 
-    /// Whether `nproc` must be set at create: Podman applies the host's
-    /// limit otherwise, Docker none; both give the same with it set.
-    pub fn explicit_nproc(self) -> bool {
-        matches!(self, Self::Podman)
+    /// The dialect of an engine that calls itself `name` in its version
+    /// report (Podman lists a component `Podman Engine`).
+    pub fn from_engine_name(name: &str) -> Self {
+        if name.to_ascii_lowercase().contains("podman") {
+            Self::Podman
+        } else {
+            Self::Docker
+        }
     }
 }
 
@@ -147,6 +151,21 @@ impl Backend for DockerBackend {
         Box::pin(async move {
             let BackendSpec::Docker(spec) = &record.spec;
             self.engine.create(spec).await?;
+            // An engine may accept a setting and not apply it (a compatible
+            // API that ignores a field): what it reports now must be what was
+            // asked for, by the same check a resume runs, or the container
+            // goes and the create fails closed.
+            let info = self.engine.inspect(&spec.name).await?;
+            if let Err(refusal) = resume::check(record, info.as_ref(), Some(true)) {
+                let why = refusal.message();
+                tracing::error!(container = %spec.name, problem = %why, "the engine did not apply the hardening as asked; removing the container");
+                if let Err(e) = self.engine.remove(&spec.name).await {
+                    tracing::warn!(container = %spec.name, error = %e, "removing the refused container failed");
+                }
+                return Err(EngineError::Failed(format!(
+                    "the engine did not apply the settings as asked: {why}"
+                )));
+            }
             self.engine.start(&spec.name).await
         })
     }

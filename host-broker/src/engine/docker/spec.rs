@@ -51,6 +51,15 @@ pub fn our_labels(config: &DockerConfig) -> Vec<String> {
     labels
 }
 
+/// Open files per process in a desktop (a browser with many tabs needs
+/// thousands; engines commonly run with 20 000 to 1 048 576).
+pub const NOFILE: i64 = 16_384;
+
+/// Processes per user id, counted across the host (the kernel counts uid
+/// 1000 of every desktop together): far above a fleet's need, below common
+/// engine limits. The per-desktop bound is the pids limit.
+pub const NPROC: i64 = 65_536;
+
 /// The hardened container settings for a computer. `image` is the resolved
 /// image: its entrypoint, command and user are what the container must run.
 pub fn container_spec(
@@ -76,17 +85,23 @@ pub fn container_spec(
         },
     ];
     let limits = &config.limits;
-    // Docker leaves the engine's limits (raising them can fail where the
-    // engine runs with lower ones); Podman would apply the host user's, so
-    // there the process limit is made explicit, equal to the pids limit.
-    let mut ulimits = Vec::new();
-    if config.dialect.explicit_nproc() {
-        ulimits.push(Ulimit {
+    // Explicit for every engine: they are hardening too, and an engine's
+    // defaults must not decide them (Podman's exceed what a container
+    // without CAP_SYS_RESOURCE may set, so its start fails without these).
+    // Both stay under what engines run with by default, so setting them
+    // never needs a privilege the container lacks.
+    let ulimits = vec![
+        Ulimit {
+            name: "nofile".into(),
+            soft: NOFILE,
+            hard: NOFILE,
+        },
+        Ulimit {
             name: "nproc".into(),
-            soft: limits.pids,
-            hard: limits.pids,
-        });
-    }
+            soft: NPROC,
+            hard: NPROC,
+        },
+    ];
     ContainerSpec {
         name: container_name(id),
         image: image.id.clone(),
@@ -185,18 +200,22 @@ mod tests {
         assert_eq!(h.restart_policy, "no");
         assert!(h.pid_mode.is_empty() && h.uts_mode.is_empty() && h.userns_mode.is_empty());
         assert!(h.devices.is_empty() && h.sysctls.is_empty() && !h.readonly_rootfs);
-        assert!(
-            h.ulimits.is_empty(),
-            "explicit ulimits only where the engine needs them"
+        let limits: Vec<(&str, i64, i64)> = h
+            .ulimits
+            .iter()
+            .map(|u| (u.name.as_str(), u.soft, u.hard))
+            .collect();
+        assert_eq!(
+            limits,
+            vec![("nofile", NOFILE, NOFILE), ("nproc", NPROC, NPROC)],
+            "explicit ulimits on every engine"
         );
         let podman = DockerConfig {
             dialect: super::super::Dialect::Podman,
             ..DockerConfig::from_broker(&config)
         };
-        let spec = container_spec(&podman, &paths, id, "alice", &image("sha256:abc"));
-        assert_eq!(spec.hardening.ulimits.len(), 1);
-        assert_eq!(spec.hardening.ulimits[0].name, "nproc");
-        assert_eq!(spec.hardening.ulimits[0].hard, 512);
+        let spec2 = container_spec(&podman, &paths, id, "alice", &image("sha256:abc"));
+        assert_eq!(spec2.hardening.ulimits, spec.hardening.ulimits);
         assert_eq!(spec.limits.nano_cpus, 1_500_000_000);
         assert_eq!(spec.limits.memory, 1 << 30);
         assert_eq!(spec.limits.memory_swap, 1 << 30, "no swap beyond memory");

@@ -226,3 +226,30 @@ async fn guest_channel_problems_in_the_status_carry_no_host_paths() {
     let data = rig.paths().data().display().to_string();
     assert!(!problem.contains(&data), "{problem}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_drops_a_hardening_setting_gets_no_desktop() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    // A compatible API that accepts `--network none` and attaches a bridge.
+    rig.fake.on_create(|info| {
+        info.hardening.network_mode = "bridge".into();
+        info.networks = vec!["bridge".into()];
+    });
+    let refused = rig
+        .handle
+        .create(CreateComputer::default())
+        .await
+        .expect_err("a container whose hardening did not take must not start");
+    let message = refused.to_string();
+    assert!(!message.contains('/'), "no host path: {message}");
+    // Nothing was started, and the refused container is gone.
+    let mutations = rig.fake.mutations();
+    assert!(
+        mutations.iter().all(|m| !m.starts_with("start")),
+        "{mutations:?}"
+    );
+    assert!(
+        mutations.iter().any(|m| m.starts_with("remove")),
+        "{mutations:?}"
+    );
+}
