@@ -6,6 +6,7 @@
 //! `/run/dormouse/supervisor.sock`. The binary in `main.rs` is a thin shell.
 
 pub mod activity;
+pub mod bridge;
 pub mod config;
 pub mod config_file;
 pub mod exec;

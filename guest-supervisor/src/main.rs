@@ -22,6 +22,8 @@ Usage: dormouse-supervisor [OPTIONS] [COMMAND]
 Commands:
   run               Prepare the home, run the desktop, stop gracefully on SIGTERM (default)
   probe             Run the self-probe once, print the report as JSON; exit 0 iff ok
+  bridge            Relay stdin/stdout to the supervisor socket (the guest channel
+                    over an engine's exec stream, where no directory is mounted)
   protocol-version  Print the guest protocol version
 
 Options:
@@ -52,6 +54,7 @@ enum Cli {
 enum Cmd {
     Run,
     Probe,
+    Bridge,
     ProtocolVersion,
 }
 
@@ -89,6 +92,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Cli, String> {
                 command = Some(match word {
                     "run" => Cmd::Run,
                     "probe" => Cmd::Probe,
+                    "bridge" => Cmd::Bridge,
                     "protocol-version" => Cmd::ProtocolVersion,
                     other => return Err(format!("unknown command {other:?}")),
                 });
@@ -188,6 +192,16 @@ fn start(
                 ExitCode::FAILURE
             }
         }
+        Cmd::Bridge => match runtime.block_on(dormouse_supervisor::bridge::run(&config.run_dir)) {
+            Ok(relayed) => {
+                tracing::debug!(?relayed, "bridge closed");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "bridge failed");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::ProtocolVersion => ExitCode::SUCCESS,
     };
     // Never hang the exit on a blocking X call stuck on a dead server.
@@ -254,6 +268,14 @@ mod tests {
                 config: None,
                 overrides: vec![],
                 command: Cmd::ProtocolVersion
+            })
+        );
+        assert_eq!(
+            parse(&["bridge"]),
+            Ok(Cli::Command {
+                config: None,
+                overrides: vec![],
+                command: Cmd::Bridge
             })
         );
         assert_eq!(parse(&["--help"]), Ok(Cli::Help));

@@ -228,12 +228,23 @@ impl RunDir {
     }
 }
 
+/// A way to reach a supervisor other than its socket in a host directory:
+/// the near end of a stream the backend joined to the guest socket (e.g.
+/// `dormouse-supervisor bridge` over the engine's exec). Everything on it is
+/// as hostile as the socket, and read with the same bounds.
+pub trait GuestRelay: Send + Sync + std::fmt::Debug {
+    /// Opens one stream to the supervisor.
+    fn open(&self) -> futures_util::future::BoxFuture<'_, Result<UnixStream, GuestError>>;
+}
+
 /// The supervisor socket of one computer and who may own it.
 #[derive(Debug, Clone)]
 pub struct GuestSocket {
     path: PathBuf,
     dir: RunDir,
     name: OsString,
+    /// When set, connections go through it instead of the run directory.
+    relay: Option<std::sync::Arc<dyn GuestRelay>>,
 }
 
 impl GuestSocket {
@@ -250,7 +261,14 @@ impl GuestSocket {
             dir: RunDir::new(dir),
             name,
             path,
+            relay: None,
         }
+    }
+
+    /// The same guest, reached through `relay` instead of the run directory.
+    pub fn through(mut self, relay: std::sync::Arc<dyn GuestRelay>) -> Self {
+        self.relay = Some(relay);
+        self
     }
 
     /// The socket path.
@@ -272,9 +290,14 @@ impl GuestSocket {
         Ok((meta.st_dev, meta.st_ino))
     }
 
-    /// Connects race-free (see [`RunDir::connect`]).
+    /// Connects race-free (see [`RunDir::connect`]), or through the relay.
     pub async fn connect(&self) -> Result<GuestConnection, GuestError> {
-        let stream = self.dir.connect(self.name()?).await?;
+        let stream = match &self.relay {
+            Some(relay) => timeout(CONNECT_TIMEOUT, relay.open())
+                .await
+                .map_err(|_| GuestError::Timeout(CONNECT_TIMEOUT, "connect"))??,
+            None => self.dir.connect(self.name()?).await?,
+        };
         Ok(GuestConnection { stream })
     }
 }

@@ -40,7 +40,7 @@ use uuid::Uuid;
 use self::computer::{materially_different, Computer};
 use crate::command::{BrokerHandle, Command, Reply};
 use crate::config::BrokerConfig;
-use crate::engine::docker::{Dialect, DockerBackend, DockerConfig};
+use crate::engine::docker::{Dialect, DockerBackend, DockerConfig, GuestChannel};
 use crate::engine::{Backend, Change, Engine, ImageInfo, Listed};
 use crate::error::BrokerError;
 use crate::guest::GuestUpdate;
@@ -106,21 +106,31 @@ pub async fn spawn(
     engine: Arc<dyn Engine>,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
-    spawn_docker_api(config, engine, Dialect::Docker, metrics).await
+    spawn_docker_api(
+        config,
+        engine,
+        Dialect::Docker,
+        GuestChannel::RunDir,
+        metrics,
+    )
+    .await
 }
 
 /// Starts the broker core over an engine that speaks the Docker API in
-/// `dialect` (Docker itself, or Podman's compatible service).
+/// `dialect` (Docker itself, or Podman's compatible service), reaching
+/// guests through `guest_channel`.
 pub async fn spawn_docker_api(
     config: BrokerConfig,
     engine: Arc<dyn Engine>,
     dialect: Dialect,
+    guest_channel: GuestChannel,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
     let backend = DockerBackend::new(
         engine,
         DockerConfig {
             dialect,
+            guest_channel,
             ..DockerConfig::from_broker(&config)
         },
         Paths::new(&config.data_dir),

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, ApiState, ApiToken};
 use crate::command::BrokerHandle;
 use crate::config::{BrokerConfig, ResourceLimits};
-use crate::engine::docker::{Dialect, DockerEngine};
+use crate::engine::docker::{Dialect, DockerEngine, GuestChannel};
 use crate::metrics::Metrics;
 use crate::owner;
 pub use listen::{Activation, ApiListener, ListenAddr};
@@ -114,6 +114,11 @@ pub struct DaemonArgs {
     /// DOCKER_HOST, else /var/run/docker.sock].
     #[arg(long, value_name = "SOCKET")]
     pub engine_socket: Option<String>,
+    /// How the broker reaches each desktop's supervisor: the socket in the
+    /// bind-mounted run directory, or `dormouse-supervisor bridge` over the
+    /// engine's exec stream.
+    #[arg(long, value_enum, default_value_t = GuestChannel::RunDir)]
+    pub guest_channel: GuestChannel,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -255,6 +260,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     let (broker, mut core, engine) = spawn_core(
         args.broker_config(data_dir.clone()),
         args.engine_socket.as_deref(),
+        args.guest_channel,
         metrics.clone(),
     )
     .await?;
@@ -350,6 +356,7 @@ pub fn prepare_data_dir(path: &Path) -> Result<(), DaemonError> {
 async fn spawn_core(
     config: BrokerConfig,
     socket: Option<&str>,
+    guest_channel: GuestChannel,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>, Option<String>), DaemonError> {
     let engine = DockerEngine::connect_to(socket)
@@ -363,9 +370,10 @@ async fn spawn_core(
             Dialect::Docker
         }
     };
-    let (handle, task) = owner::spawn_docker_api(config, Arc::new(engine), dialect, metrics)
-        .await
-        .map_err(|e| DaemonError::Core(e.to_string()))?;
+    let (handle, task) =
+        owner::spawn_docker_api(config, Arc::new(engine), dialect, guest_channel, metrics)
+            .await
+            .map_err(|e| DaemonError::Core(e.to_string()))?;
     Ok((handle, task, identity.map(|i| i.to_string())))
 }
 

@@ -368,6 +368,18 @@ pub trait Engine: Send + Sync + fmt::Debug {
     /// labels. The stream ends (or yields an error) when the connection drops;
     /// the caller reconnects.
     fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>>;
+    /// Runs `argv` as root in a running container with stdin and stdout
+    /// attached, and returns the near end of a local socket pair joined to
+    /// them (what the process writes to stderr is logged, never relayed).
+    /// Engines that cannot do it say so.
+    fn exec_stream<'a>(
+        &'a self,
+        name: &'a str,
+        argv: &'a [&'a str],
+    ) -> EngineFuture<'a, tokio::net::UnixStream> {
+        let _ = (name, argv);
+        Box::pin(async { Err(EngineError::Failed("this engine cannot exec".into())) })
+    }
 }
 
 /// Parses an engine timestamp. The engine writes `0001-01-01T00:00:00Z` for

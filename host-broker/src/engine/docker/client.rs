@@ -187,6 +187,57 @@ async fn report_storage_driver(docker: &Docker) {
     }
 }
 
+/// Joins an exec's attached streams to the far end of a socket pair until
+/// either side ends: stdin from the socket, stdout to it; stderr is logged
+/// (shortened), never relayed. Dropping everything ends the exec's stdin,
+/// which ends a relaying process such as `dormouse-supervisor bridge`.
+async fn pump_exec(
+    far: tokio::net::UnixStream,
+    mut output: std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<bollard::container::LogOutput, BollardError>>
+                + Send,
+        >,
+    >,
+    mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    container: String,
+) {
+    use tokio::io::AsyncWriteExt as _;
+    let (mut from_far, mut to_far) = far.into_split();
+    let upstream = async {
+        let _ = tokio::io::copy(&mut from_far, &mut input).await;
+        let _ = input.shutdown().await;
+    };
+    let downstream = async {
+        while let Some(item) = output.next().await {
+            match item {
+                Ok(bollard::container::LogOutput::StdOut { message }) => {
+                    if to_far.write_all(&message).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(bollard::container::LogOutput::StdErr { message }) => {
+                    let text = String::from_utf8_lossy(&message);
+                    let text: String = text.chars().take(300).collect();
+                    tracing::debug!(%container, stderr = %crate::guest::sanitize(&text), "exec stream");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(%container, error = %e, "exec stream ended");
+                    break;
+                }
+            }
+        }
+        let _ = to_far.shutdown().await;
+    };
+    // Either direction ending ends the relay: a guest that closes its side
+    // must not leave the exec (or this task) behind.
+    tokio::select! {
+        () = upstream => {}
+        () = downstream => {}
+    }
+}
+
 /// Maps bollard's errors onto ours: transport failures mean "unreachable".
 fn map_err(e: BollardError) -> EngineError {
     match e {
@@ -596,6 +647,42 @@ impl Engine for DockerEngine {
                 .await
                 .map_err(map_err)?;
             Ok(raw.into_iter().map(summary).collect())
+        })
+    }
+
+    fn exec_stream<'a>(
+        &'a self,
+        name: &'a str,
+        argv: &'a [&'a str],
+    ) -> EngineFuture<'a, tokio::net::UnixStream> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let exec = docker
+                .create_exec(
+                    name,
+                    bollard::exec::CreateExecOptions {
+                        attach_stdin: Some(true),
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        tty: Some(false),
+                        cmd: Some(argv.to_vec()),
+                        user: Some("0"),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(map_err)?;
+            let started = docker
+                .start_exec(&exec.id, None::<bollard::exec::StartExecOptions>)
+                .await
+                .map_err(map_err)?;
+            let bollard::exec::StartExecResults::Attached { output, input } = started else {
+                return Err(EngineError::Failed("exec started detached".into()));
+            };
+            let (near, far) = tokio::net::UnixStream::pair()
+                .map_err(|e| EngineError::Failed(format!("socket pair: {e}")))?;
+            tokio::spawn(pump_exec(far, output, input, name.to_owned()));
+            Ok(near)
         })
     }
 

@@ -70,11 +70,24 @@ impl Dialect {
     }
 }
 
+/// How the broker reaches a desktop's supervisor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuestChannel {
+    /// The socket in the bind-mounted run directory.
+    #[default]
+    RunDir,
+    /// `dormouse-supervisor bridge` over the engine's exec stream (where no
+    /// host directory can be mounted; costs an exec per connection).
+    Bridge,
+}
+
 /// How the Docker backend makes containers.
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
     /// Which engine it talks to.
     pub dialect: Dialect,
+    /// How the supervisor is reached.
+    pub guest_channel: GuestChannel,
     /// Extra labels every container gets; they also narrow which containers
     /// count as this broker's.
     pub labels: BTreeMap<String, String>,
@@ -87,6 +100,7 @@ impl DockerConfig {
     pub fn from_broker(config: &BrokerConfig) -> Self {
         Self {
             dialect: Dialect::Docker,
+            guest_channel: GuestChannel::RunDir,
             labels: config.container_labels.clone(),
             limits: config.limits.clone(),
         }
@@ -120,6 +134,35 @@ impl DockerBackend {
             oom_killed: info.oom_killed,
             provenance: Arc::new(info),
         }
+    }
+}
+
+/// The guest channel over the engine's exec: `dormouse-supervisor bridge`
+/// relays the exec's stdin/stdout to the supervisor socket inside the guest.
+#[derive(Debug)]
+pub struct ExecBridge {
+    /// The engine that runs the exec.
+    pub engine: Arc<dyn Engine>,
+    /// The container.
+    pub container: String,
+}
+
+/// The command that relays the guest channel inside a desktop.
+pub const BRIDGE_COMMAND: &[&str] = &["dormouse-supervisor", "bridge"];
+
+impl crate::guest::GuestRelay for ExecBridge {
+    fn open(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<tokio::net::UnixStream, crate::guest::GuestError>>
+    {
+        Box::pin(async move {
+            self.engine
+                .exec_stream(&self.container, BRIDGE_COMMAND)
+                .await
+                .map_err(|e| {
+                    crate::guest::GuestError::Connect(std::io::Error::other(e.to_string()))
+                })
+        })
     }
 }
 
@@ -227,7 +270,14 @@ impl Backend for DockerBackend {
     }
 
     fn guest(&self, id: Uuid) -> GuestSocket {
-        GuestSocket::new(self.paths.socket(id))
+        let socket = GuestSocket::new(self.paths.socket(id));
+        match self.config.guest_channel {
+            GuestChannel::RunDir => socket,
+            GuestChannel::Bridge => socket.through(Arc::new(ExecBridge {
+                engine: self.engine.clone(),
+                container: spec::container_name(id),
+            })),
+        }
     }
 
     fn workspace(&self, id: Uuid) -> PathBuf {
