@@ -176,13 +176,49 @@ impl Hardening {
             .collect();
         security_opt.sort();
         security_opt.dedup();
+        // Engines report one capability set in different forms: Docker as
+        // given (`drop ALL, add five`), Podman's compatible API as the
+        // default set minus what was dropped. Compared is the effective set.
+        let effective = {
+            let add = caps(&self.cap_add);
+            let drop = caps(&self.cap_drop);
+            let mut set: Vec<String> = if drop.iter().any(|c| c == "ALL") {
+                Vec::new()
+            } else {
+                DEFAULT_CAPABILITIES
+                    .iter()
+                    .map(|c| (*c).to_owned())
+                    .filter(|c| !drop.contains(c))
+                    .collect()
+            };
+            set.extend(add);
+            set.sort();
+            set.dedup();
+            set
+        };
+        // The same namespace, spelled differently by the two engines.
+        let own_namespace = |mode: &str| match mode {
+            "private" => String::new(),
+            other => other.to_owned(),
+        };
         Hardening {
             network_mode: self.network_mode.clone(),
-            cap_add: caps(&self.cap_add),
-            cap_drop: caps(&self.cap_drop),
+            cap_add: effective,
+            cap_drop: vec!["ALL".into()],
             security_opt,
-            ipc_mode: self.ipc_mode.clone(),
-            cgroupns_mode: self.cgroupns_mode.clone(),
+            // Podman reports a private IPC namespace as `shareable` (its own,
+            // which others could be told to join; nothing joins ours).
+            ipc_mode: match self.ipc_mode.as_str() {
+                "shareable" => "private".into(),
+                other => other.to_owned(),
+            },
+            // Docker always reports the mode; only Podman's compatible API
+            // leaves it empty (it does not report it). See docs/security.md.
+            cgroupns_mode: if self.cgroupns_mode.is_empty() {
+                "private".into()
+            } else {
+                self.cgroupns_mode.clone()
+            },
             privileged: self.privileged,
             publish_all_ports: self.publish_all_ports,
             restart_policy: if self.restart_policy.is_empty() {
@@ -191,8 +227,8 @@ impl Hardening {
                 self.restart_policy.clone()
             },
             init: self.init,
-            pid_mode: self.pid_mode.clone(),
-            uts_mode: self.uts_mode.clone(),
+            pid_mode: own_namespace(&self.pid_mode),
+            uts_mode: own_namespace(&self.uts_mode),
             userns_mode: self.userns_mode.clone(),
             devices: {
                 let mut d = self.devices.clone();
@@ -202,13 +238,43 @@ impl Hardening {
             sysctls: self.sysctls.clone(),
             readonly_rootfs: self.readonly_rootfs,
             ulimits: {
-                let mut u = self.ulimits.clone();
+                // `nofile` (Docker) and `RLIMIT_NOFILE` (Podman) name one limit.
+                let mut u: Vec<Ulimit> = self
+                    .ulimits
+                    .iter()
+                    .map(|l| {
+                        let name = l.name.to_ascii_lowercase();
+                        Ulimit {
+                            name: name.strip_prefix("rlimit_").unwrap_or(&name).to_owned(),
+                            ..l.clone()
+                        }
+                    })
+                    .collect();
                 u.sort();
                 u
             },
         }
     }
 }
+
+/// The capabilities a container has when none are dropped: Docker's
+/// default set, which Podman's compatible API also reports against.
+pub const DEFAULT_CAPABILITIES: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "NET_RAW",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
 
 /// `cap_chown`, `CAP_CHOWN` and `CHOWN` all name one capability.
 pub fn normalize_cap(cap: &str) -> String {

@@ -56,9 +56,11 @@ pub fn our_labels(config: &DockerConfig) -> Vec<String> {
 pub const NOFILE: i64 = 16_384;
 
 /// Processes per user id, counted across the host (the kernel counts uid
-/// 1000 of every desktop together): far above a fleet's need, below common
-/// engine limits. The per-desktop bound is the pids limit.
-pub const NPROC: i64 = 65_536;
+/// 1000 of every desktop together): room for 64 desktops of a hundred
+/// processes each, below the limits engines commonly run with (a container
+/// without CAP_SYS_RESOURCE can only lower a limit, never raise it). The
+/// per-desktop bound is the pids limit.
+pub const NPROC: i64 = 8_192;
 
 /// The hardened container settings for a computer. `image` is the resolved
 /// image: its entrypoint, command and user are what the container must run.
