@@ -1,7 +1,9 @@
-//! The desktop's services: Xvfb → window manager → VNC server (→ browser).
+//! The desktop's services: Xvfb → (window manager ∥ VNC server) (→ browser).
 //!
 //! Owns starting each service as the desktop user in its own process group,
-//! in order (a service starts only while every service before it runs),
+//! in order (a service starts only while the services it waits for run:
+//! the window manager and the VNC server wait for X alone and start side by
+//! side; a browser waits for all three),
 //! waiting for its readiness event, restarting it with backoff after a
 //! classified failure (fixing the cause first where it can), declaring a
 //! crash loop, and stopping services one at a time on request. Every change
@@ -45,6 +47,20 @@ pub enum ServiceKind {
     Vnc,
     /// An autostarted browser.
     Browser(Browser),
+}
+
+impl ServiceKind {
+    /// Whether this service waits for an earlier service of kind `earlier`
+    /// to run before it starts. The window manager and the VNC server need
+    /// only X (they are X clients of their own), so they start side by side
+    /// once X answers; a browser needs the whole desktop.
+    pub fn waits_for(self, earlier: ServiceKind) -> bool {
+        match self {
+            Self::Display => false,
+            Self::WindowManager | Self::Vnc => earlier == Self::Display,
+            Self::Browser(_) => true,
+        }
+    }
 }
 
 /// One service: its name in the status, kind and command line.
@@ -280,6 +296,8 @@ struct ServiceHandle {
 struct Context {
     config: Arc<Config>,
     table: Table,
+    /// The kind of every service, in start order.
+    kinds: Vec<ServiceKind>,
     policy: RestartPolicy,
     /// When the supervisor started, for readiness timings in the log.
     started: Instant,
@@ -300,6 +318,7 @@ impl Services {
             policy: RestartPolicy::from_config(&config),
             config,
             table: table.clone(),
+            kinds: specs.iter().map(|s| s.kind).collect(),
             started,
         });
         let handles = specs
@@ -432,13 +451,18 @@ async fn supervise(
     let mut tracker = RestartTracker::new(ctx.policy);
     let mut deps = ctx.table.changed.subscribe();
     loop {
-        // 1. Wait for every service before this one to run.
+        // 1. Wait for the services before this one that it needs to run.
         loop {
             if stop.borrow().is_some() {
                 return stopped(&ctx, idx);
             }
             let states = ctx.table.states();
-            if states[..idx].iter().all(|s| *s == ServiceRunState::Running) {
+            let needed_run = states[..idx]
+                .iter()
+                .zip(&ctx.kinds)
+                .filter(|(_, kind)| spec.kind.waits_for(**kind))
+                .all(|(s, _)| *s == ServiceRunState::Running);
+            if needed_run {
                 break;
             }
             let alive = tokio::select! {
@@ -743,6 +767,21 @@ fn pipe_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_manager_and_vnc_wait_for_x_alone_and_a_browser_for_all() {
+        use ServiceKind::*;
+        for side_by_side in [WindowManager, Vnc] {
+            assert!(side_by_side.waits_for(Display));
+            assert!(!side_by_side.waits_for(WindowManager));
+            assert!(!side_by_side.waits_for(Vnc));
+        }
+        let browser = Browser(super::Browser::Chromium);
+        for earlier in [Display, WindowManager, Vnc] {
+            assert!(browser.waits_for(earlier));
+        }
+        assert!(!Display.waits_for(Display));
+    }
 
     #[test]
     fn services_in_order_with_hardened_flags() {
