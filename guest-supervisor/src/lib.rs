@@ -9,6 +9,7 @@ pub mod activity;
 pub mod config;
 pub mod config_file;
 pub mod exec;
+pub mod exec_socket;
 pub mod identity;
 pub mod init;
 pub mod input;
