@@ -130,23 +130,22 @@ impl TerminalOutput {
                     return Ok(Some(TerminalEvent::Output(bytes.to_vec())))
                 }
                 Some(Ok(Message::Text(text))) => {
-                    let event = match serde_json::from_str(text.as_str())
-                        .map_err(EventsError::Decode)?
-                    {
-                        TerminalMessage::Exit {
-                            exit_code,
-                            signal,
-                            duration_ms,
-                        } => TerminalEvent::Exit {
-                            exit_code,
-                            signal,
-                            duration_ms,
-                        },
-                        TerminalMessage::Error { code, message } => {
-                            TerminalEvent::Error { code, message }
-                        }
-                        TerminalMessage::Resize { .. } | TerminalMessage::Close => continue,
-                    };
+                    let event =
+                        match serde_json::from_str(text.as_str()).map_err(EventsError::Decode)? {
+                            TerminalMessage::Exit {
+                                exit_code,
+                                signal,
+                                duration_ms,
+                            } => TerminalEvent::Exit {
+                                exit_code,
+                                signal,
+                                duration_ms,
+                            },
+                            TerminalMessage::Error { code, message } => {
+                                TerminalEvent::Error { code, message }
+                            }
+                            TerminalMessage::Resize { .. } | TerminalMessage::Close => continue,
+                        };
                     return Ok(Some(event));
                 }
                 Some(Ok(Message::Close(_))) | None => self.ended = true,
@@ -211,12 +210,14 @@ impl Client {
         }
         let connecting = async {
             match &*self.endpoint {
-                Endpoint::Http { .. } => tokio_tungstenite::connect_async(request)
-                    .await
-                    .map(|(ws, _)| {
-                        let (sink, stream) = ws.split();
-                        (Box::pin(sink) as BoxSink, Box::pin(stream) as BoxStream)
-                    }),
+                Endpoint::Http { .. } => {
+                    tokio_tungstenite::connect_async(request)
+                        .await
+                        .map(|(ws, _)| {
+                            let (sink, stream) = ws.split();
+                            (Box::pin(sink) as BoxSink, Box::pin(stream) as BoxStream)
+                        })
+                }
                 Endpoint::Unix(socket) => {
                     let stream = UnixStream::connect(socket).await.map_err(WsError::Io)?;
                     tokio_tungstenite::client_async(request, stream)
