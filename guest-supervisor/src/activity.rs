@@ -163,7 +163,8 @@ pub async fn sample(config: &Config) -> Activity {
     });
     Activity {
         input_idle_ms,
-        busy: !busy_processes.is_empty(),
+        // A running exec is work, however little CPU it takes.
+        busy: !busy_processes.is_empty() || crate::exec::running_execs() > 0,
         busy_processes,
     }
 }

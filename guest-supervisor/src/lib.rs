@@ -10,6 +10,7 @@ pub mod bridge;
 pub mod config;
 pub mod config_file;
 pub mod exec;
+pub mod exec_socket;
 pub mod identity;
 pub mod init;
 pub mod input;

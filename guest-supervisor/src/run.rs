@@ -70,10 +70,11 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     // The socket comes up first, so the host sees "preparing" (and why a
     // preparation failed) rather than silence.
     let (quiesce_tx, mut quiesce_rx) = mpsc::channel::<QuiesceRequest>(4);
+    let exec = crate::exec::ExecRunner::new(crate::exec::ExecSettings::from_config(&config));
     let socket_task = tokio::spawn({
         let (config, cell) = (config.clone(), cell.clone());
         async move {
-            if let Err(e) = socket::serve(config, cell, quiesce_tx).await {
+            if let Err(e) = socket::serve(config, cell, quiesce_tx, exec).await {
                 tracing::error!(error = %e, "guest socket failed");
             }
         }

@@ -8,7 +8,8 @@
 //! supervisor's own, so every start recovers from what a previous one, or a
 //! hostile guest root, left there), accepting connections, reading bounded
 //! frames and answering requests (`hello`, `status`, `watch`, `screenshot`,
-//! `quiesce`, `activity`). Everything a client sends is hostile until
+//! `quiesce`, `activity`; `exec` and `pty_open` are served on their
+//! connection by [`crate::exec_socket`]). Everything a client sends is hostile until
 //! parsed: the 8-byte header is bounds-checked before anything is allocated,
 //! every read and write has a deadline (the shared
 //! [`dormouse_protocol::stream`] reader and writer), connections are capped,
@@ -22,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormouse_protocol::frame::{self, FrameError};
+use dormouse_protocol::frame::{self, FrameError, FrameHeader, HEADER_LEN};
 use dormouse_protocol::stream::{self, ReadLimits, StreamError};
 use dormouse_protocol::{
     Answer, Hello, Quiesced, Request, Response, ScreenshotInfo, PROTOCOL_VERSION,
@@ -34,12 +35,17 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout_at, Instant};
 
 use crate::config::Config;
+use crate::exec::ExecRunner;
+use crate::exec_socket::{ExecService, Reservation, MAX_EXEC_MESSAGE, MAX_EXEC_PAYLOAD};
 use crate::nofollow::{EntryKind, HeldDir, Owner};
 use crate::state::{QuiesceRequest, StatusCell};
 
 /// Largest request message the supervisor reads. Requests are a few dozen
 /// bytes; the protocol's general limit ([`dormouse_protocol::MAX_HEADER_LEN`])
-/// would let 64 clients pin 16 MiB of a 4 MiB supervisor.
+/// would let 64 clients pin 16 MiB of a 4 MiB supervisor. Only `exec` and
+/// `pty_open` may be larger (up to [`MAX_EXEC_MESSAGE`], stdin up to
+/// [`MAX_EXEC_PAYLOAD`]), and only within the exec budget, reserved from
+/// the frame's header before its body is read.
 pub const MAX_REQUEST_LEN: u32 = 4 * 1024;
 
 /// Mode of the run directory: only root in the guest may enter it.
@@ -109,10 +115,11 @@ pub async fn serve(
     config: Arc<Config>,
     cell: StatusCell,
     quiesce: mpsc::Sender<QuiesceRequest>,
+    exec: ExecRunner,
 ) -> Result<(), SocketError> {
     let bound = bind(&config)?;
     tracing::info!(path = %bound.path.display(), "guest socket listening");
-    accept_loop(&bound.listener, config, cell, quiesce).await;
+    accept_loop(&bound.listener, config, cell, quiesce, exec).await;
     Ok(())
 }
 
@@ -271,6 +278,7 @@ struct Shared {
     config: Arc<Config>,
     cell: StatusCell,
     quiesce: mpsc::Sender<QuiesceRequest>,
+    exec: ExecService,
 }
 
 /// Accepts until dropped. Connections live in a [`JoinSet`] owned here, so
@@ -280,12 +288,14 @@ pub async fn accept_loop(
     config: Arc<Config>,
     cell: StatusCell,
     quiesce: mpsc::Sender<QuiesceRequest>,
+    exec: ExecRunner,
 ) {
     let slots = Arc::new(Semaphore::new(config.socket_max_connections.max(1)));
     let shared = Arc::new(Shared {
         config,
         cell,
         quiesce,
+        exec: ExecService::new(exec),
     });
     let mut connections = JoinSet::new();
     let mut accept_errors = 0u32;
@@ -341,6 +351,8 @@ enum ReadError {
     UnexpectedPayload(u32),
     #[error("the rest of the frame did not arrive within {0:?}")]
     Timeout(Duration),
+    #[error("the memory for running commands is in use; try again")]
+    Busy,
 }
 
 impl ReadError {
@@ -355,27 +367,91 @@ impl ReadError {
             Self::Frame(FrameError::UnknownKind(_)) => "unknown_kind",
             Self::Frame(FrameError::Truncated { .. }) => "truncated",
             Self::Timeout(_) => "timeout",
+            Self::Busy => "busy",
             Self::Frame(_) => "bad_frame",
         }
     }
 }
 
+/// One request as read: the message, its payload, and the budget held for
+/// a large frame.
+type Incoming = (Request, Vec<u8>, Option<Reservation>);
+
 /// Reads one request. `Ok(None)`: the client hung up between frames or was
 /// silent for the whole idle timeout.
+///
+/// The header is read first: a frame over [`MAX_REQUEST_LEN`] or with a
+/// payload is read only within the exec budget (refused `busy` when it is
+/// spent), and must then turn out to be `exec` or `pty_open`.
 async fn read_request<R: AsyncRead + Unpin>(
     r: &mut R,
     idle: Duration,
     io: Duration,
-) -> Result<Option<Request>, ReadError> {
+    exec: &ExecService,
+) -> Result<Option<Incoming>, ReadError> {
+    let mut head = [0u8; HEADER_LEN];
+    let first = match tokio::time::timeout(idle, r.read(&mut head)).await {
+        Err(_) | Ok(Ok(0)) => return Ok(None),
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Err(FrameError::Io(e).into()),
+    };
     // From the first byte on, the whole frame has one deadline: a client
     // cannot trickle bytes to hold the connection.
-    let limits = ReadLimits {
-        max_message: MAX_REQUEST_LEN,
-        max_payload: 0,
-        ..ReadLimits::new(Some(idle), io)
+    let deadline = Instant::now() + io;
+    if let Some(rest) = head.get_mut(first..) {
+        match timeout_at(deadline, r.read_exact(rest)).await {
+            Err(_) => return Err(ReadError::Timeout(io)),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(FrameError::Truncated {
+                    expected: HEADER_LEN,
+                    got: first,
+                }
+                .into())
+            }
+            Ok(Err(e)) => return Err(FrameError::Io(e).into()),
+        }
+    }
+    let header = FrameHeader::parse(head)?;
+    let large = header.message_len > MAX_REQUEST_LEN || header.payload_len > 0;
+    let hold = if large {
+        if header.message_len > MAX_EXEC_MESSAGE {
+            return Err(FrameError::MessageTooLarge {
+                len: header.message_len,
+                max: MAX_EXEC_MESSAGE,
+            }
+            .into());
+        }
+        if header.payload_len > MAX_EXEC_PAYLOAD {
+            return Err(ReadError::UnexpectedPayload(header.payload_len));
+        }
+        let bytes = u64::from(header.message_len) + u64::from(header.payload_len);
+        Some(exec.reserve(bytes).ok_or(ReadError::Busy)?)
+    } else {
+        None
     };
-    match stream::read_frame::<Request, _>(r, &limits).await {
-        Ok(frame) => Ok(Some(frame.message)),
+    let limits = ReadLimits {
+        max_message: if large {
+            MAX_EXEC_MESSAGE
+        } else {
+            MAX_REQUEST_LEN
+        },
+        max_payload: if large { MAX_EXEC_PAYLOAD } else { 0 },
+        ..ReadLimits::new(Some(io), deadline.saturating_duration_since(Instant::now()))
+    };
+    let mut whole = (&head[..]).chain(&mut *r);
+    match stream::read_frame::<Request, _>(&mut whole, &limits).await {
+        Ok(frame) => {
+            let may_be_large = matches!(frame.message, Request::Exec(_) | Request::PtyOpen(_));
+            if header.message_len > MAX_REQUEST_LEN && !may_be_large {
+                return Err(FrameError::MessageTooLarge {
+                    len: header.message_len,
+                    max: MAX_REQUEST_LEN,
+                }
+                .into());
+            }
+            Ok(Some((frame.message, frame.payload, hold)))
+        }
         Err(StreamError::Idle(_) | StreamError::Frame(FrameError::Closed)) => Ok(None),
         Err(StreamError::Frame(e)) => Err(e.into()),
         Err(StreamError::Stalled(_) | StreamError::WriteStalled(_)) => Err(ReadError::Timeout(io)),
@@ -407,8 +483,8 @@ async fn serve_connection(stream: UnixStream, shared: &Shared) {
     let io = Duration::from_millis(shared.config.socket_io_timeout_ms);
     let (mut rd, mut wr) = stream.into_split();
     loop {
-        let request = match read_request(&mut rd, idle, io).await {
-            Ok(Some(request)) => request,
+        let (request, payload, hold) = match read_request(&mut rd, idle, io, &shared.exec).await {
+            Ok(Some(incoming)) => incoming,
             Ok(None) => return,
             Err(e) => {
                 tracing::debug!(error = %e, "closing a guest socket client after a bad frame");
@@ -417,10 +493,27 @@ async fn serve_connection(stream: UnixStream, shared: &Shared) {
                 return;
             }
         };
-        if request == Request::Watch {
-            watch(&mut rd, &mut wr, shared, io).await;
-            return;
-        }
+        let request = match request {
+            Request::Watch => {
+                watch(&mut rd, &mut wr, shared, io).await;
+                return;
+            }
+            // Served on the connection, which then means "the caller is
+            // still there"; no idle bound applies while they run.
+            Request::Exec(exec) => {
+                let exec = shared.exec.exec(exec, payload, hold, &mut rd, &mut wr, io);
+                if exec.await {
+                    continue;
+                }
+                return;
+            }
+            Request::PtyOpen(open) => {
+                drop(hold);
+                shared.exec.pty(open, &mut rd, &mut wr, io).await;
+                return;
+            }
+            other => other,
+        };
         let (response, payload) = answer(request, shared).await;
         match write_response(&mut wr, &response, &payload, io).await {
             Ok(()) => {}
@@ -478,6 +571,11 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
         },
         Request::Quiesce { timeout_ms } => (quiesce(timeout_ms, shared).await, Vec::new()),
         Request::Activity => reply(crate::activity::sample(&shared.config).await),
+        // Served by `serve_connection` on their connection.
+        Request::Exec(_) | Request::PtyOpen(_) => (
+            Response::error("bad_request", "served on its own connection"),
+            Vec::new(),
+        ),
     }
 }
 
@@ -607,7 +705,8 @@ mod tests {
         let server = tokio::spawn({
             let config = Arc::clone(&config);
             let cell = cell.clone();
-            async move { accept_loop(&bound.listener, config, cell, tx).await }
+            let exec = ExecRunner::new(crate::exec::ExecSettings::from_config(&config));
+            async move { accept_loop(&bound.listener, config, cell, tx, exec).await }
         });
         Guest {
             _dir: dir,
@@ -877,12 +976,11 @@ mod tests {
         }
         .to_bytes()
         .to_vec();
-        let over_request_limit = FrameHeader {
-            message_len: MAX_REQUEST_LEN + 1,
-            payload_len: 0,
-        }
-        .to_bytes()
-        .to_vec();
+        // A whole frame over the limit, of a kind that is never large.
+        let over_request_limit = {
+            let pad = "x".repeat(usize::try_from(MAX_REQUEST_LEN).expect("small"));
+            raw(&format!(r#"{{"v":1,"kind":"status","pad":"{pad}"}}"#))
+        };
         // Announces a 1 MiB payload it never sends: refused on the header.
         let with_payload = {
             let json = br#"{"v":1,"kind":"hello"}"#;

@@ -53,6 +53,9 @@ pub enum Command {
     /// Containers labelled as Dormouse computers that have no record here
     /// (reported, never removed).
     Orphans(Reply<Vec<Orphan>>),
+    /// May this computer run a command now (fenced; renews the idle timer)?
+    /// Answers its guest socket; the caller runs the command itself.
+    AdmitExec(Uuid, Fence, Reply<crate::guest::GuestSocket>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -147,5 +150,14 @@ impl BrokerHandle {
     /// See [`Command::Orphans`].
     pub async fn orphans(&self) -> Result<Vec<Orphan>, BrokerError> {
         self.ask(Command::Orphans).await
+    }
+
+    /// See [`Command::AdmitExec`].
+    pub async fn admit_exec(
+        &self,
+        id: Uuid,
+        fence: Fence,
+    ) -> Result<crate::guest::GuestSocket, BrokerError> {
+        self.ask(|r| Command::AdmitExec(id, fence, r)).await
     }
 }

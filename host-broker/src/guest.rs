@@ -33,6 +33,8 @@ use nix::sys::stat::{Mode, SFlag};
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
+pub mod exec;
+
 /// Deadline for connecting to the socket.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Deadline for an ordinary request/response round trip.

@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod exec;
 pub mod guest;
 pub mod idle;
 pub mod lifecycle;

@@ -21,6 +21,7 @@
 
 mod commands;
 mod computer;
+mod exec;
 mod follow;
 mod ops;
 mod startup;

@@ -40,6 +40,7 @@ pub trait Call: Into<crate::Request> {
 ///     requests {
 ///         /// docs
 ///         "kind" => Variant { field: Type, ... } -> AnswerType;   // fields optional
+///         "kind" => Variant(Type) -> AnswerType, payload;         // a newtype request
 ///     }
 ///     responses {
 ///         /// docs
@@ -62,6 +63,7 @@ macro_rules! guest_protocol {
             $(
                 $(#[$rmeta:meta])*
                 $rkind:literal => $req:ident
+                    $( ( $rty:ty ) )?
                     $( { $( $(#[$rfmeta:meta])* $rfield:ident : $rfty:ty ),* $(,)? } )?
                     -> $answer:ty
                     $( , $rpayload:ident )? ;
@@ -84,7 +86,7 @@ macro_rules! guest_protocol {
             $(
                 $(#[$rmeta])*
                 #[serde(rename = $rkind)]
-                $req $( { $( $(#[$rfmeta])* $rfield : $rfty ),* } )? ,
+                $req $( ( $rty ) )? $( { $( $(#[$rfmeta])* $rfield : $rfty ),* } )? ,
             )*
         }
 
@@ -167,13 +169,13 @@ macro_rules! guest_protocol {
             #[allow(unused_imports)]
             use super::*;
             $(
-                $crate::guest_protocol!(@call $(#[$rmeta])* $req
+                $crate::guest_protocol!(@call $(#[$rmeta])* $req $( ( $rty ) )?
                     $( { $( $(#[$rfmeta])* $rfield : $rfty ),* } )?);
             )*
         }
 
         $(
-            $crate::guest_protocol!(@call_impl $rkind, $req $( { $( $rfield ),* } )? -> $answer);
+            $crate::guest_protocol!(@call_impl $rkind, $req $( ( $rty ) )? $( { $( $rfield ),* } )? -> $answer);
         )*
     };
 
@@ -221,6 +223,11 @@ macro_rules! guest_protocol {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
         pub struct $req;
     };
+    (@call $(#[$rmeta:meta])* $req:ident ( $rty:ty )) => {
+        $(#[$rmeta])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $req(pub $rty);
+    };
     (@call $(#[$rmeta:meta])* $req:ident
         { $( $(#[$rfmeta:meta])* $rfield:ident : $rfty:ty ),* }) => {
         $(#[$rmeta])*
@@ -234,6 +241,17 @@ macro_rules! guest_protocol {
         impl From<call::$req> for Request {
             fn from(_: call::$req) -> Self {
                 Request::$req
+            }
+        }
+        impl $crate::Call for call::$req {
+            const KIND: &'static str = $rkind;
+            type Answer = $answer;
+        }
+    };
+    (@call_impl $rkind:literal, $req:ident ( $rty:ty ) -> $answer:ty) => {
+        impl From<call::$req> for Request {
+            fn from(call: call::$req) -> Self {
+                Request::$req(call.0)
             }
         }
         impl $crate::Call for call::$req {

@@ -473,6 +473,41 @@ impl Message for PtyEvent {
     }
 }
 
+/// A text message of the broker's terminal WebSocket
+/// (`GET /v1/computers/{id}/exec/ws`); binary messages are the terminal's
+/// bytes (keystrokes in, output out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TerminalMessage {
+    /// Client → broker: the terminal changed size.
+    Resize {
+        /// Rows, 1 to [`MAX_PTY_DIMENSION`].
+        rows: u16,
+        /// Columns, 1 to [`MAX_PTY_DIMENSION`].
+        cols: u16,
+    },
+    /// Client → broker: end the session (its processes are killed; `exit`
+    /// follows).
+    Close,
+    /// Broker → client: the session ended and every process of it is
+    /// confirmed gone; the last message before the close.
+    Exit {
+        /// Exit code of the session's process; `null` when a signal ended it.
+        exit_code: Option<i32>,
+        /// The signal that ended it, e.g. `SIGKILL`.
+        signal: Option<String>,
+        /// How long the session lasted.
+        duration_ms: u64,
+    },
+    /// Broker → client: the session failed; the socket closes after it.
+    Error {
+        /// Stable code.
+        code: String,
+        /// For people.
+        message: String,
+    },
+}
+
 fn bounded(field: &'static str, len: usize, max: usize) -> Result<(), ExecRequestError> {
     if len > max {
         return Err(ExecRequestError::TooLarge { field, len, max });

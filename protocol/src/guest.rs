@@ -171,6 +171,14 @@ crate::guest_protocol! {
         } -> Quiesced;
         /// Input idle time and busy processes.
         "activity" => Activity -> Activity;
+        /// Run one command as the desktop user ([`crate::exec`]); its stdin
+        /// is the frame's payload. While it runs, the connection's end (or
+        /// any byte) cancels it.
+        "exec" => Exec(crate::exec::ExecRequest) -> crate::exec::ExecResultHead, payload;
+        /// Start a process on a pseudo-terminal; after `pty_opened` the
+        /// connection carries `PtyInput` and `PtyEvent` frames until
+        /// `pty_exit`.
+        "pty_open" => PtyOpen(crate::exec::PtyOpen) -> PtyOpened;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -188,6 +196,15 @@ crate::guest_protocol! {
         "quiesced" => Quiesced(Quiesced);
         /// Answer to [`Request::Activity`].
         "activity" => Activity(Activity);
+        /// Answer to [`Request::Exec`]; stdout then stderr are the payload.
+        "exec_result" => ExecResult(crate::exec::ExecResultHead), payload;
+        /// Answer to [`Request::PtyOpen`]: the session runs.
+        "pty_opened" => PtyOpened {
+            /// The session's id (its `DORMOUSE_EXEC`).
+            id: u64,
+            /// Pid of its process in the guest.
+            pid: u32,
+        } as PtyOpened;
     }
 }
 
@@ -206,7 +223,9 @@ mod tests {
                 "watch",
                 "screenshot",
                 "quiesce",
-                "activity"
+                "activity",
+                "exec",
+                "pty_open"
             ]
         );
         assert_eq!(
@@ -217,6 +236,8 @@ mod tests {
                 "screenshot",
                 "quiesced",
                 "activity",
+                "exec_result",
+                "pty_opened",
                 "error"
             ]
         );

@@ -9,6 +9,7 @@
 //! matches several desktops).
 
 pub mod escape;
+pub mod exec;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -143,6 +144,35 @@ pub enum CliCommand {
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         ttl: Duration,
     },
+    /// Run a command in a desktop: its stdout and stderr are printed as
+    /// they are, its exit code is dormouse's (`dormouse exec ID -- CMD ARGS`).
+    Exec {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Working directory in the desktop (default: the workspace).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// An environment variable for the command (repeatable).
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// Send this process's stdin to the command.
+        #[arg(long)]
+        stdin: bool,
+        /// Kill the command after this long.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
+    /// An interactive shell (or the given program) on a terminal in a desktop.
+    Shell {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// The program and its arguments (default: the login shell).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
 }
 
 /// Why a command failed.
@@ -183,6 +213,10 @@ pub enum CliError {
     /// Waiting ended without success.
     #[error("{0}")]
     Failed(String),
+    /// A command in the desktop ended with this exit code (not a failure
+    /// of dormouse: nothing is printed).
+    #[error("the command exited with {0}")]
+    Exited(u8),
     /// A local file.
     #[error("{path}: {source}")]
     Io {
@@ -198,6 +232,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
+            Self::Exited(code) => *code,
             _ => 1,
         }
     }
@@ -281,6 +316,10 @@ pub fn main() -> ExitCode {
     let mut out = std::io::stdout();
     match runtime.block_on(run(args, &mut out)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Exited(code)) => {
+            let _ = out.flush();
+            ExitCode::from(code)
+        }
         Err(e) => {
             let _ = out.flush();
             // Messages carry the broker's words, which a guest may choose.
@@ -429,6 +468,34 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                     grant.generation
                 )
                 .map_err(stdout)
+            }
+        }
+        CliCommand::Exec {
+            id,
+            cwd,
+            env,
+            stdin,
+            timeout,
+            argv,
+        } => {
+            let id = resolve(&client, &id).await?;
+            let args = exec::ExecArgs {
+                argv,
+                cwd,
+                env,
+                stdin,
+                timeout,
+            };
+            match exec::exec(&client, id, args, json, out).await? {
+                0 => Ok(()),
+                code => Err(CliError::Exited(code)),
+            }
+        }
+        CliCommand::Shell { id, argv } => {
+            let id = resolve(&client, &id).await?;
+            match exec::shell(&client, id, &argv).await? {
+                0 => Ok(()),
+                code => Err(CliError::Exited(code)),
             }
         }
     }

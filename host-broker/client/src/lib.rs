@@ -24,6 +24,7 @@
 mod endpoint;
 mod error;
 mod events;
+mod exec;
 pub mod token;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use uuid::Uuid;
 pub use endpoint::{Endpoint, EndpointError};
 pub use error::{Error, EventsError, SetupError};
 pub use events::EventStream;
+pub use exec::{Terminal, TerminalEvent, TerminalInput, TerminalOutput, EXEC_MARGIN};
 pub use reqwest::{Method, StatusCode};
 
 use error::MAX_BODY_IN_ERROR;
@@ -296,9 +298,47 @@ impl Client {
     where
         B: Serialize + ?Sized,
     {
+        self.call_bytes_within(method, path, body, None).await
+    }
+
+    /// [`Client::call`] with its own bound instead of the client's.
+    pub async fn call_within<T, B>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        within: Duration,
+    ) -> Result<T, Error>
+    where
+        T: DeserializeOwned,
+        B: Serialize + ?Sized,
+    {
+        let bytes = self
+            .call_bytes_within(method.clone(), path, body, Some(within))
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
+            method,
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    async fn call_bytes_within<B>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        within: Option<Duration>,
+    ) -> Result<Vec<u8>, Error>
+    where
+        B: Serialize + ?Sized,
+    {
         let mut request = self
             .http
             .request(method.clone(), self.endpoint.http_url(path));
+        if let Some(within) = within {
+            request = request.timeout(within);
+        }
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }

@@ -14,6 +14,7 @@ pub mod auth;
 mod computers;
 pub mod error;
 mod events;
+mod exec;
 mod extract;
 mod panel;
 
@@ -174,6 +175,18 @@ impl Routes {
                 Method::GET,
                 "/v1/computers/{id}/screenshot",
                 computers::screenshot,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/exec",
+                exec::exec.layer(DefaultBodyLimit::max(exec::EXEC_BODY_LIMIT)),
+            )
+            .add(
+                Token,
+                Method::GET,
+                "/v1/computers/{id}/exec/ws",
+                exec::exec_ws,
             )
     }
 }

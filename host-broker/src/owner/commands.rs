@@ -64,6 +64,7 @@ impl Owner {
             Command::Lease(id, request, reply) => self.lease((id, request), reply).send(),
             Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
             Command::Orphans(reply) => self.orphans((), reply).send(),
+            Command::AdmitExec(id, fence, reply) => self.admit_exec((id, fence), reply).send(),
         }
     }
 
@@ -84,7 +85,7 @@ impl Owner {
 
     /// The checks every mutating call on a computer passes first: it exists,
     /// is not being removed or taken over, and the caller's generation fences.
-    fn admit(&mut self, id: Uuid, fence: Fence) -> Result<&mut Computer, BrokerError> {
+    pub(super) fn admit(&mut self, id: Uuid, fence: Fence) -> Result<&mut Computer, BrokerError> {
         let c = self
             .computers
             .get_mut(&id)

@@ -309,6 +309,17 @@ async fn owner(
                 }
             }),
             Command::Orphans(reply) => answer!(reply, "orphans", "*", Ok(Vec::new())),
+            Command::AdmitExec(id, fence, reply) => answer!(reply, "admit_exec", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                if !c.ready {
+                    return Err(BrokerError::WrongState("not running and ready".into()));
+                }
+                // No guest behind it: a call reaches "no supervisor socket".
+                Ok(dormouse_broker::guest::GuestSocket::new(
+                    "/nonexistent/run/supervisor.sock",
+                ))
+            }),
         }
     }
 }

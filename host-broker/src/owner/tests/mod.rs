@@ -130,6 +130,9 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     Response::Activity(script.activity.lock().unwrap().clone()),
                     vec![],
                 ),
+                Request::Exec(_) | Request::PtyOpen(_) => {
+                    (Response::error("exec_failed", "scripted"), vec![])
+                }
                 Request::Quiesce { .. } => (
                     Response::Quiesced(Quiesced {
                         closed: vec!["browser".into()],
