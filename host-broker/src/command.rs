@@ -10,7 +10,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::error::BrokerError;
+use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use crate::reconcile::Orphan;
+use crate::workspace::{ChannelReader, DiskUsage, ImportSummary};
 
 /// Reply channel of a command.
 pub type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -56,6 +58,15 @@ pub enum Command {
     /// May this computer run a command now (fenced; renews the idle timer)?
     /// Answers its guest socket; the caller runs the command itself.
     AdmitExec(Uuid, Fence, Reply<crate::guest::GuestSocket>),
+    /// Authorises a workspace request and says where the workspace is; the
+    /// API does the blocking work off the owner task.
+    Workspace(Uuid, WorkspaceAccess, Reply<WorkspaceGrant>),
+    /// Disk usage, measured now (never starts or renews anything).
+    Disk(Uuid, Reply<DiskUsage>),
+    /// Replace a stopped desktop's workspace from a tar, as its operation.
+    Import(Uuid, Fence, ChannelReader, Reply<ImportSummary>),
+    /// A fresh place to stage the workspace of a create from a tar.
+    ImportSlot(CreateComputer, Reply<WorkspaceGrant>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -159,5 +170,34 @@ impl BrokerHandle {
         fence: Fence,
     ) -> Result<crate::guest::GuestSocket, BrokerError> {
         self.ask(|r| Command::AdmitExec(id, fence, r)).await
+    }
+
+    /// See [`Command::Workspace`].
+    pub async fn workspace(
+        &self,
+        id: Uuid,
+        access: WorkspaceAccess,
+    ) -> Result<WorkspaceGrant, BrokerError> {
+        self.ask(|r| Command::Workspace(id, access, r)).await
+    }
+
+    /// See [`Command::Disk`].
+    pub async fn disk(&self, id: Uuid) -> Result<DiskUsage, BrokerError> {
+        self.ask(|r| Command::Disk(id, r)).await
+    }
+
+    /// See [`Command::Import`].
+    pub async fn import(
+        &self,
+        id: Uuid,
+        fence: Fence,
+        body: ChannelReader,
+    ) -> Result<ImportSummary, BrokerError> {
+        self.ask(|r| Command::Import(id, fence, body, r)).await
+    }
+
+    /// See [`Command::ImportSlot`].
+    pub async fn import_slot(&self, req: CreateComputer) -> Result<WorkspaceGrant, BrokerError> {
+        self.ask(|r| Command::ImportSlot(req, r)).await
     }
 }

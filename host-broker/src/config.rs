@@ -51,6 +51,29 @@ pub struct BrokerConfig {
     /// Extra labels every container gets (e.g. `dev.dormouse.test=1`); they
     /// also narrow which containers this broker watches and reports as its own.
     pub container_labels: BTreeMap<String, String>,
+    /// Limits of the workspace routes (file sizes, imports, disk walks).
+    pub workspace: WorkspaceLimits,
+}
+
+/// Limits of the workspace routes.
+#[derive(Debug, Clone)]
+pub struct WorkspaceLimits {
+    /// File reads, writes, listings and deletes.
+    pub files: crate::workspace::FilesConfig,
+    /// Imports of a workspace from a tar.
+    pub import: crate::workspace::ImportLimits,
+    /// How long a disk-usage walk may take before it answers with lower bounds.
+    pub disk_deadline: Duration,
+}
+
+impl Default for WorkspaceLimits {
+    fn default() -> Self {
+        Self {
+            files: crate::workspace::FilesConfig::default(),
+            import: crate::workspace::ImportLimits::default(),
+            disk_deadline: crate::workspace::DEFAULT_DISK_DEADLINE,
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -67,6 +90,7 @@ impl BrokerConfig {
             ready_timeout: Duration::from_secs(60),
             max_run: None,
             container_labels: BTreeMap::new(),
+            workspace: WorkspaceLimits::default(),
         }
     }
 }

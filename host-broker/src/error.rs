@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::engine::EngineError;
 use crate::guest::GuestError;
 use crate::store::StoreError;
+use crate::workspace::{ErrorClass, WorkspaceError};
 
 /// What can go wrong with a broker command.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +69,9 @@ pub enum BrokerError {
     /// The state directory could not be read or written.
     #[error("the state directory could not be read or written")]
     Store(#[from] StoreError),
+    /// A workspace request failed: a refused path or archive, or host I/O.
+    #[error("{}", workspace_message(.0))]
+    Workspace(#[from] WorkspaceError),
     /// Anything else; details are in the log.
     #[error("internal error: {0}")]
     Internal(String),
@@ -100,6 +104,15 @@ impl BrokerError {
             Self::Store(_) => {
                 Self::Internal("the state directory could not be read or written".into())
             }
+            Self::Workspace(e) => match e.class() {
+                ErrorClass::BadRequest | ErrorClass::TooLarge => {
+                    Self::BadRequest(workspace_message(e))
+                }
+                ErrorClass::NotFound | ErrorClass::Conflict => {
+                    Self::WrongState(workspace_message(e))
+                }
+                ErrorClass::Internal => Self::Internal(workspace_message(e)),
+            },
             Self::Internal(m) => Self::Internal(m.clone()),
         }
     }
@@ -140,6 +153,20 @@ fn engine_message(e: &EngineError) -> &'static str {
         EngineError::NotFound(_) => "the container engine does not know the container or image",
         EngineError::Conflict(_) => "the container engine refused: it conflicts with its state",
         EngineError::Failed(_) => "the container engine failed the request",
+    }
+}
+
+/// What a workspace failure may tell a client: its own words where they
+/// name only workspace-relative paths, fixed words where they would name a
+/// host path (I/O failures, the workspace directory itself).
+fn workspace_message(e: &WorkspaceError) -> String {
+    match e {
+        WorkspaceError::Io { .. } => "the workspace could not be read or written".into(),
+        WorkspaceError::Exists { .. } => "the workspace exists already".into(),
+        WorkspaceError::NotFound { path } if path.starts_with('/') => {
+            "the computer has no workspace".into()
+        }
+        other => other.to_string(),
     }
 }
 

@@ -1,8 +1,13 @@
 //! `dormouse-broker`: the host side of Dormouse. It only creates, starts,
-//! stops, removes and fences desktop containers, and serves their status.
+//! stops, removes and fences desktop containers, and serves their status
+//! and their workspaces.
 //!
 //! `api/` parses HTTP into [`command::Command`]s; one owner task holds every
-//! computer's state and is the only code that touches the engine or the disk.
+//! computer's state and is the only code that touches the engine or the
+//! broker's records. The workspace routes are the one place the API layer
+//! touches the disk: once the owner has authorised a request and said where
+//! the workspace is, the handler runs [`workspace`] functions on the
+//! blocking pool, never on an async task.
 
 #![forbid(unsafe_code)]
 

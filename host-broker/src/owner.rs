@@ -25,6 +25,7 @@ mod exec;
 mod follow;
 mod ops;
 mod startup;
+pub mod workspace;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

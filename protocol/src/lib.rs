@@ -19,6 +19,7 @@ pub mod local;
 pub mod screen;
 #[cfg(any(feature = "tokio", test))]
 pub mod stream;
+pub mod workspace;
 
 pub use declare::{Answer, Call};
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};

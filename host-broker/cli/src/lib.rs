@@ -10,6 +10,7 @@
 
 pub mod escape;
 pub mod exec;
+pub mod files;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -173,6 +174,9 @@ pub enum CliCommand {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         argv: Vec<String>,
     },
+    /// The workspace: cp, files, disk, export, import.
+    #[command(flatten)]
+    Files(files::FilesCommand),
 }
 
 /// Why a command failed.
@@ -335,6 +339,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
     let client = connect(&args.url, token, args.generation)?;
     let json = args.json;
     match args.command {
+        CliCommand::Files(command) => files::run(&client, command, json, out).await,
         CliCommand::Create {
             name,
             owner,

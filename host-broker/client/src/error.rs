@@ -67,6 +67,18 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A local reader or writer failed while streaming a body (an export
+    /// into a file, say).
+    #[error("{method} {path}: local I/O")]
+    Io {
+        /// HTTP method.
+        method: Method,
+        /// Request path.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The `/v1/events` stream.
     #[error("event stream")]
     Events(#[from] EventsError),

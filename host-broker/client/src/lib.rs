@@ -25,6 +25,7 @@ mod endpoint;
 mod error;
 mod events;
 mod exec;
+mod files;
 pub mod token;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub use endpoint::{Endpoint, EndpointError};
 pub use error::{Error, EventsError, SetupError};
 pub use events::EventStream;
 pub use exec::{Terminal, TerminalEvent, TerminalInput, TerminalOutput, EXEC_MARGIN};
+pub use files::{Fetched, STREAM_TIMEOUT};
 pub use reqwest::{Method, StatusCode};
 
 use error::MAX_BODY_IN_ERROR;
@@ -333,47 +335,69 @@ impl Client {
     where
         B: Serialize + ?Sized,
     {
-        let mut request = self
-            .http
-            .request(method.clone(), self.endpoint.http_url(path));
+        let mut request = self.request(method.clone(), path);
         if let Some(within) = within {
             request = request.timeout(within);
         }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| transport(&method, path, e))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport(&method, path, e))?;
+        if status.is_success() {
+            return Ok(bytes.to_vec());
+        }
+        Err(answer_error(method, path, status, &bytes))
+    }
+
+    /// A request to `path` with the token and (on anything but `GET`) the
+    /// generation.
+    pub(crate) fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .request(method.clone(), self.endpoint.http_url(path));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
         if let (Some(generation), false) = (self.generation, method == Method::GET) {
             request = request.header(GENERATION_HEADER, generation.to_string());
         }
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let transport = |source| Error::Transport {
-            method: method.clone(),
+        request
+    }
+}
+
+/// No answer, or a body that could not be read.
+pub(crate) fn transport(method: &Method, path: &str, source: reqwest::Error) -> Error {
+    Error::Transport {
+        method: method.clone(),
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The error an answer that is not a 2xx means.
+pub(crate) fn answer_error(method: Method, path: &str, status: StatusCode, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<ApiErrorBody>(bytes) {
+        Ok(e) => Error::Api {
+            method,
             path: path.to_owned(),
-            source,
-        };
-        let response = request.send().await.map_err(transport)?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(transport)?;
-        if status.is_success() {
-            return Ok(bytes.to_vec());
-        }
-        Err(match serde_json::from_slice::<ApiErrorBody>(&bytes) {
-            Ok(e) => Error::Api {
-                method,
-                path: path.to_owned(),
-                status,
-                code: e.error.code,
-                message: e.error.message,
-            },
-            Err(_) => Error::UnexpectedStatus {
-                method,
-                path: path.to_owned(),
-                status,
-                body: cut(&String::from_utf8_lossy(&bytes), MAX_BODY_IN_ERROR).to_owned(),
-            },
-        })
+            status,
+            code: e.error.code,
+            message: e.error.message,
+        },
+        Err(_) => Error::UnexpectedStatus {
+            method,
+            path: path.to_owned(),
+            status,
+            body: cut(&String::from_utf8_lossy(bytes), MAX_BODY_IN_ERROR).to_owned(),
+        },
     }
 }
 

@@ -16,6 +16,7 @@ use dormouse_protocol::api::{ApiError as ApiErrorDto, ApiErrorBody};
 
 use crate::engine::EngineError;
 use crate::error::BrokerError;
+use crate::workspace::ErrorClass as WorkspaceClass;
 
 /// An error answer of the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +106,13 @@ impl BrokerError {
             Self::Engine(EngineError::Failed(_)) => "internal",
             Self::Guest(_) | Self::GuestFailed(_) => "guest",
             Self::Store(_) | Self::Internal(_) => "internal",
+            Self::Workspace(e) => match e.class() {
+                WorkspaceClass::BadRequest => "bad_request",
+                WorkspaceClass::NotFound => "not_found",
+                WorkspaceClass::Conflict => "wrong_state",
+                WorkspaceClass::TooLarge => "payload_too_large",
+                WorkspaceClass::Internal => "internal",
+            },
         }
     }
 
@@ -115,6 +123,7 @@ impl BrokerError {
             "bad_request" => 400,
             "wrong_state" | "not_resumable" | "stale_generation" | "lease_held" | "capacity" => 409,
             "image" => 422,
+            "payload_too_large" => 413,
             "engine_unavailable" => 503,
             "guest" => 502,
             _ => 500,

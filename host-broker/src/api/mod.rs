@@ -2,9 +2,11 @@
 //!
 //! This layer only parses and answers (firecracker's split): every handler
 //! turns a request into one call on [`BrokerHandle`] and maps the result to
-//! HTTP. It must never touch the engine or the disk, and a request it refuses
-//! (bad JSON, bad id, no token, too large) never reaches the core, so it
-//! changes nothing.
+//! HTTP. It must never touch the engine, and a request it refuses (bad
+//! JSON, bad id, no token, too large) never reaches the core, so it changes
+//! nothing. The disk is touched only by the workspace handlers
+//! (`workspace`), after the core authorised the request, and only on the
+//! blocking pool.
 //!
 //! Routes are declared once, in [`route_table`]'s builder, which both mounts
 //! them and lists them, so the OpenAPI document can be checked against what
@@ -17,6 +19,7 @@ mod events;
 mod exec;
 mod extract;
 mod panel;
+mod workspace;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -102,7 +105,24 @@ struct Routes {
 }
 
 impl Routes {
-    fn add<H, T>(mut self, access: Access, method: Method, path: &'static str, handler: H) -> Self
+    fn add<H, T>(self, access: Access, method: Method, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, ApiState>,
+        T: 'static,
+    {
+        self.add_as(access, method, path, path, handler)
+    }
+
+    /// [`Routes::add`] where the documented path differs from axum's (a
+    /// `{*rest}` wildcard is `{rest}` in OpenAPI).
+    fn add_as<H, T>(
+        mut self,
+        access: Access,
+        method: Method,
+        path: &'static str,
+        documented: &'static str,
+        handler: H,
+    ) -> Self
     where
         H: Handler<T, ApiState>,
         T: 'static,
@@ -119,7 +139,7 @@ impl Routes {
         }
         self.table.push(RouteSpec {
             method,
-            path,
+            path: documented,
             access,
         });
         self
@@ -136,7 +156,7 @@ impl Routes {
             .add(Token, Method::GET, "/v1/openapi.json", openapi)
             .add(Token, Method::GET, "/v1/events", events::events)
             .add(Token, Method::GET, "/v1/orphans", computers::orphans)
-            .add(Token, Method::POST, "/v1/computers", computers::create)
+            .add(Token, Method::POST, "/v1/computers", workspace::create)
             .add(Token, Method::GET, "/v1/computers", computers::list)
             .add(Token, Method::GET, "/v1/computers/{id}", computers::get)
             .add(Token, Method::PATCH, "/v1/computers/{id}", computers::patch)
@@ -188,6 +208,34 @@ impl Routes {
                 "/v1/computers/{id}/exec/ws",
                 exec::exec_ws,
             )
+            .workspace_routes()
+    }
+
+    /// The workspace routes ([`workspace`]).
+    fn workspace_routes(self) -> Self {
+        use Access::Token;
+        const FILES: &str = "/v1/computers/{id}/files/{*path}";
+        const FILES_DOC: &str = "/v1/computers/{id}/files/{path}";
+        const ROOT: &str = "/v1/computers/{id}/files";
+        const ARCHIVE: &str = "/v1/computers/{id}/workspace";
+        self.add(Token, Method::GET, ROOT, workspace::get_file)
+            .add_as(Token, Method::GET, FILES, FILES_DOC, workspace::get_file)
+            .add_as(Token, Method::PUT, FILES, FILES_DOC, workspace::put_file)
+            .add_as(
+                Token,
+                Method::DELETE,
+                FILES,
+                FILES_DOC,
+                workspace::delete_file,
+            )
+            .add(
+                Token,
+                Method::GET,
+                "/v1/computers/{id}/disk",
+                workspace::disk,
+            )
+            .add(Token, Method::GET, ARCHIVE, workspace::export)
+            .add(Token, Method::PUT, ARCHIVE, workspace::import)
     }
 }
 

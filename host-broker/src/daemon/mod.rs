@@ -119,6 +119,15 @@ pub struct DaemonArgs {
     /// engine's exec stream.
     #[arg(long, value_enum, default_value_t = GuestChannel::RunDir)]
     pub guest_channel: GuestChannel,
+    /// Most bytes of file content a workspace import accepts, e.g. 10GiB.
+    #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
+    pub import_max_bytes: u64,
+    /// Most entries (files and directories) a workspace import accepts.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub import_max_entries: u64,
+    /// Largest file a workspace file write accepts, e.g. 1GiB.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub file_max_bytes: u64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -162,6 +171,9 @@ impl DaemonArgs {
         config.ready_timeout = self.ready_timeout;
         config.container_labels = self.labels.iter().cloned().collect();
         config.max_run = self.max_run;
+        config.workspace.import.max_total_bytes = self.import_max_bytes;
+        config.workspace.import.max_entries = self.import_max_entries;
+        config.workspace.files.max_write_bytes = self.file_max_bytes;
         config
     }
 }
@@ -441,6 +453,25 @@ fn parse_cpus(s: &str) -> Result<f64, String> {
             "{s:?} is not a number of CPUs between 0.01 and 1024"
         )),
     }
+}
+
+/// A size for the workspace limits: `10GiB`, `1MiB`, `4096` (binary units;
+/// a bare number is bytes).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a size such as 10GiB or 512MiB");
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
 /// `4GiB`, `512MiB`, `4G` (binary units; a bare number is bytes); at least 64 MiB.

@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -75,6 +76,20 @@ impl Default for ServeLimits {
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
+    }
+}
+
+/// Put into every request's extensions. A handler that streams a large
+/// body (a file or a workspace upload) calls [`BodyDeadline::per_frame`]:
+/// from then on the body deadline counts from the last frame received, so a
+/// long upload that keeps moving is never cut, and one that stalls is.
+#[derive(Debug, Clone, Default)]
+pub struct BodyDeadline(Arc<AtomicBool>);
+
+impl BodyDeadline {
+    /// Counts the body deadline from the last frame instead of the head.
+    pub fn per_frame(&self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -208,7 +223,11 @@ async fn serve_connection<S>(
     let io = TokioIo::new(Guarded::new(io, permit, limits.write_stall_timeout));
     let body_timeout = limits.body_timeout;
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let request = request.map(|body| axum::body::Body::new(TimedBody::new(body, body_timeout)));
+        let deadline = BodyDeadline::default();
+        let mut request = request.map(|body| {
+            axum::body::Body::new(TimedBody::new(body, body_timeout, deadline.clone()))
+        });
+        request.extensions_mut().insert(deadline);
         router.clone().oneshot(request)
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -237,15 +256,17 @@ struct TimedBody {
     deadline: tokio::time::Instant,
     timer: Option<Pin<Box<Sleep>>>,
     limit: Duration,
+    per_frame: BodyDeadline,
 }
 
 impl TimedBody {
-    fn new(inner: Incoming, limit: Duration) -> Self {
+    fn new(inner: Incoming, limit: Duration, per_frame: BodyDeadline) -> Self {
         Self {
             inner,
             deadline: tokio::time::Instant::now() + limit,
             timer: None,
             limit,
+            per_frame,
         }
     }
 }
@@ -261,7 +282,13 @@ impl hyper::body::Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Ready(frame) => {
+                if this.per_frame.0.load(Ordering::Relaxed) {
+                    this.deadline = tokio::time::Instant::now() + this.limit;
+                    this.timer = None;
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
             Poll::Pending => {
                 let deadline = this.deadline;
                 let timer = this

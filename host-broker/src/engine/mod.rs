@@ -269,4 +269,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn guest(&self, id: Uuid) -> GuestSocket;
     /// The host path of a desktop's workspace.
     fn workspace(&self, id: Uuid) -> PathBuf;
+    /// Bytes of the desktop's own writable storage outside the workspace
+    /// (a container's writable layer), measured by the backend on request;
+    /// `None` when there is no desktop or the backend cannot say. It must
+    /// never start the desktop.
+    fn layer_bytes(&self, id: Uuid) -> BackendFuture<'_, Option<u64>> {
+        let _ = id;
+        Box::pin(async { Ok(None) })
+    }
 }

@@ -65,6 +65,10 @@ impl Owner {
             Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
             Command::Orphans(reply) => self.orphans((), reply).send(),
             Command::AdmitExec(id, fence, reply) => self.admit_exec((id, fence), reply).send(),
+            Command::Workspace(id, access, reply) => self.workspace((id, access), reply).send(),
+            Command::Disk(id, reply) => self.disk(id, reply).send(),
+            Command::Import(id, fence, body, reply) => self.import((id, fence, body), reply).send(),
+            Command::ImportSlot(request, reply) => self.import_slot(request, reply).send(),
         }
     }
 
@@ -113,7 +117,11 @@ impl Owner {
     }
 
     /// [`Owner::admit`], and no operation in flight.
-    fn admit_idle_op(&mut self, id: Uuid, fence: Fence) -> Result<&mut Computer, BrokerError> {
+    pub(super) fn admit_idle_op(
+        &mut self,
+        id: Uuid,
+        fence: Fence,
+    ) -> Result<&mut Computer, BrokerError> {
         let c = self.admit(id, fence)?;
         if let Some(op) = &c.op {
             return Err(BrokerError::WrongState(format!(
@@ -169,7 +177,7 @@ impl Owner {
         Answer::Later
     }
 
-    fn admit_create(&self, request: &CreateComputer) -> Result<(), BrokerError> {
+    pub(super) fn admit_create(&self, request: &CreateComputer) -> Result<(), BrokerError> {
         create::validate(request, Uuid::nil())?;
         if let Some(from) = request.workspace_from {
             if self.computers.contains_key(&from) {

@@ -22,6 +22,7 @@ use crate::lifecycle::remove::blocking;
 use crate::lifecycle::{create, remove, resume, stop, stop_key, OpContext};
 use crate::reconcile::EngineView;
 use crate::store::ComputerRecord;
+use crate::workspace::ImportSummary;
 
 /// Which operation is in flight, for messages and for the rules that
 /// depend only on its kind.
@@ -41,6 +42,8 @@ pub enum OpKind {
         /// Also delete the workspace.
         purge: bool,
     },
+    /// Replace the workspace from a tar (desktop stopped).
+    Import,
 }
 
 impl OpKind {
@@ -51,6 +54,7 @@ impl OpKind {
             Self::Start => "a start",
             Self::Stop { .. } => "a stop",
             Self::Remove { .. } => "a remove",
+            Self::Import => "a workspace import",
         }
     }
 }
@@ -90,6 +94,13 @@ pub enum Pending {
         /// Whether it worked.
         done: oneshot::Receiver<Result<(), BrokerError>>,
     },
+    /// Workspace import, answered once swapped in (or refused).
+    Import {
+        /// Whom to answer.
+        reply: Reply<ImportSummary>,
+        /// What was imported.
+        done: oneshot::Receiver<Result<ImportSummary, BrokerError>>,
+    },
 }
 
 impl Pending {
@@ -100,6 +111,7 @@ impl Pending {
             Self::Start { .. } => OpKind::Start,
             Self::Stop { reason, .. } => OpKind::Stop { reason: *reason },
             Self::Remove { purge, .. } => OpKind::Remove { purge: *purge },
+            Self::Import { .. } => OpKind::Import,
         }
     }
 
@@ -115,6 +127,9 @@ impl Pending {
                 }
             }
             Self::Remove { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Import { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
         }
@@ -144,7 +159,7 @@ impl InFlight {
 impl Owner {
     /// Runs `work` as the computer's operation; `pending` is built around the
     /// receiver of its result.
-    fn launch<T: Send + 'static, F>(
+    pub(super) fn launch<T: Send + 'static, F>(
         &mut self,
         id: Uuid,
         work: impl FnOnce(OpContext, ComputerRecord) -> F,
@@ -285,6 +300,13 @@ impl Owner {
                     self.refresh(id);
                 }
             },
+            Pending::Import { reply, mut done } => {
+                let result = received(done.try_recv());
+                if let Err(e) = &result {
+                    tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
+                }
+                let _ = reply.send(result);
+            }
         }
         self.check_ready(id);
         self.grant_takeovers(id);

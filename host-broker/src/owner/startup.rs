@@ -20,6 +20,14 @@ use crate::store::ComputerRecord;
 
 impl Owner {
     pub(super) async fn start_up(&mut self, records: Vec<ComputerRecord>) {
+        // Imports cut short by a crash are settled first (on the blocking
+        // pool: a staging tree may be large).
+        let paths = self.ctx.paths.clone();
+        if let Err(e) =
+            tokio::task::spawn_blocking(move || super::workspace::recover_all(&paths)).await
+        {
+            tracing::error!(error = %e, "workspace recovery did not finish");
+        }
         for record in &records {
             // An adoption cut short by a crash is finished before anything
             // else can ask for that workspace.

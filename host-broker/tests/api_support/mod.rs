@@ -320,6 +320,16 @@ async fn owner(
                     "/nonexistent/run/supervisor.sock",
                 ))
             }),
+            // The workspace routes are tested against the real core.
+            Command::Workspace(_, _, reply) | Command::ImportSlot(_, reply) => {
+                let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
+            }
+            Command::Disk(_, reply) => {
+                let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
+            }
+            Command::Import(_, _, _, reply) => {
+                let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
+            }
         }
     }
 }

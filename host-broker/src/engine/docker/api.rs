@@ -446,6 +446,13 @@ pub trait Engine: Send + Sync + fmt::Debug {
         let _ = (name, argv);
         Box::pin(async { Err(EngineError::Failed("this engine cannot exec".into())) })
     }
+    /// Bytes of the container's writable layer (`SizeRw` of an inspect
+    /// with sizes); `None` when the container does not exist or the engine
+    /// does not say. Engines that cannot measure it keep this default.
+    fn size_rw<'a>(&'a self, name: &'a str) -> EngineFuture<'a, Option<u64>> {
+        let _ = name;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Parses an engine timestamp. The engine writes `0001-01-01T00:00:00Z` for

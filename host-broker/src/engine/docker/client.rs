@@ -621,6 +621,20 @@ impl Engine for DockerEngine {
         })
     }
 
+    fn size_rw<'a>(&'a self, name: &'a str) -> EngineFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            let docker = self.client().await?;
+            let options = InspectContainerOptions { size: true };
+            match docker.inspect_container(name, Some(options)).await {
+                Ok(raw) => Ok(raw.size_rw.and_then(|n| u64::try_from(n).ok())),
+                Err(e) => match map_err(e) {
+                    EngineError::NotFound(_) => Ok(None),
+                    other => Err(other),
+                },
+            }
+        })
+    }
+
     fn remove<'a>(&'a self, name: &'a str) -> EngineFuture<'a, ()> {
         Box::pin(async move {
             let docker = self.client().await?;

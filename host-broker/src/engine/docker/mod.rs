@@ -283,4 +283,8 @@ impl Backend for DockerBackend {
     fn workspace(&self, id: Uuid) -> PathBuf {
         self.paths.workspace(id)
     }
+
+    fn layer_bytes(&self, id: Uuid) -> BackendFuture<'_, Option<u64>> {
+        Box::pin(async move { self.engine.size_rw(&spec::container_name(id)).await })
+    }
 }

@@ -398,3 +398,4 @@ mod hostile;
 mod idle;
 mod lifecycle;
 mod trouble;
+mod workspace;

@@ -1,0 +1,304 @@
+//! `dormouse cp`, `files`, `disk`, `export` and `import`: a desktop's
+//! workspace from the host, through the broker's workspace routes. None of
+//! them wakes a stopped desktop (an export of a running one closes its
+//! browsers first, unless `--no-quiesce`).
+//!
+//! Names that came from the workspace are printed escaped: the guest chose
+//! them.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use dormouse_client::{Client, Fetched};
+use dormouse_protocol::workspace::EntryType;
+
+use super::escape::Safe;
+use super::{print_json, print_status, resolve, stdout, CliError};
+
+/// The workspace subcommands (flattened into `dormouse`'s own).
+#[derive(Debug, Clone, Subcommand)]
+pub enum FilesCommand {
+    /// Copy a file to or from a desktop's workspace: `cp ID:path LOCAL` or
+    /// `cp LOCAL ID:path` (`-` is stdout or stdin). Works on a stopped
+    /// desktop without starting it.
+    Cp {
+        /// Source: `ID:path` in the workspace, or a local file.
+        src: String,
+        /// Destination: a local file, or `ID:path` in the workspace.
+        dst: String,
+    },
+    /// List a directory of a desktop's workspace (the root by default).
+    Files {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Workspace-relative directory.
+        #[arg(default_value = "")]
+        path: String,
+    },
+    /// Disk usage of a desktop's workspace and container layer (measured
+    /// now; never starts it or renews its idle timer).
+    Disk {
+        /// Id, unique id prefix, or name.
+        id: String,
+    },
+    /// Write a tar of a desktop's workspace to stdout (or --output).
+    Export {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// Write here instead of stdout.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Do not close a running desktop's browsers first (their profiles
+        /// may then be inconsistent in the archive).
+        #[arg(long)]
+        no_quiesce: bool,
+    },
+    /// Replace a stopped desktop's workspace with a tar read from stdin (or
+    /// --input); with --new, create a desktop from it instead.
+    Import {
+        /// Id, unique id prefix, or name (not with --new).
+        #[arg(required_unless_present = "new")]
+        id: Option<String>,
+        /// Read the tar from here instead of stdin.
+        #[arg(short = 'i', long = "input", value_name = "FILE")]
+        input: Option<PathBuf>,
+        /// Create (and start) a new desktop from the archive.
+        #[arg(long, conflicts_with = "id")]
+        new: bool,
+        /// With --new: its name.
+        #[arg(long, requires = "new")]
+        name: Option<String>,
+        /// With --new: its owner key.
+        #[arg(long, requires = "new")]
+        owner: Option<String>,
+    },
+}
+
+/// Runs one workspace subcommand.
+pub(crate) async fn run(
+    client: &Client,
+    command: FilesCommand,
+    json: bool,
+    out: &mut (dyn Write + Send),
+) -> Result<(), CliError> {
+    match command {
+        FilesCommand::Cp { src, dst } => match (remote(&src), remote(&dst)) {
+            (Some(_), Some(_)) => Err(CliError::Usage(
+                "cp copies between a workspace and a local file, not between two workspaces".into(),
+            )),
+            (None, None) => Err(CliError::Usage(
+                "cp needs ID:path on one side (the workspace) and a local file on the other".into(),
+            )),
+            (Some((who, path)), None) => {
+                let id = resolve(client, who).await?;
+                let bytes = match client.fetch(id, path).await? {
+                    Fetched::File(bytes) => bytes,
+                    Fetched::Dir(_) => {
+                        return Err(CliError::Failed(format!(
+                            "{} is a directory (list it with `dormouse files`)",
+                            Safe(path)
+                        )))
+                    }
+                };
+                if dst == "-" {
+                    out.write_all(&bytes).map_err(stdout)?;
+                    return Ok(());
+                }
+                std::fs::write(&dst, &bytes).map_err(|source| CliError::Io {
+                    path: dst.clone().into(),
+                    source,
+                })?;
+                if json {
+                    print_json(
+                        out,
+                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes.len() }),
+                    )
+                } else {
+                    writeln!(out, "copied {} bytes to {dst}", bytes.len()).map_err(stdout)
+                }
+            }
+            (None, Some((who, path))) => {
+                let id = resolve(client, who).await?;
+                let bytes = read_input(if src == "-" {
+                    None
+                } else {
+                    Some(src.clone().into())
+                })?;
+                let written = client.write_file(id, path, bytes, true).await?;
+                if json {
+                    print_json(out, &written)
+                } else {
+                    writeln!(
+                        out,
+                        "{} {} bytes to {}:{}",
+                        if written.created {
+                            "created"
+                        } else {
+                            "replaced"
+                        },
+                        written.bytes,
+                        id,
+                        Safe(path)
+                    )
+                    .map_err(stdout)
+                }
+            }
+        },
+        FilesCommand::Files { id, path } => {
+            let id = resolve(client, &id).await?;
+            match client.fetch(id, &path).await? {
+                Fetched::Dir(listing) if json => print_json(out, &listing),
+                Fetched::Dir(listing) => {
+                    for e in &listing.entries {
+                        let kind = match e.kind {
+                            EntryType::File => "-",
+                            EntryType::Dir => "d",
+                            EntryType::Symlink => "l",
+                            EntryType::Other => "?",
+                        };
+                        writeln!(
+                            out,
+                            "{kind} {:>12} {} {}",
+                            e.size,
+                            e.mtime.format("%Y-%m-%d %H:%M:%S"),
+                            Safe(&e.name)
+                        )
+                        .map_err(stdout)?;
+                    }
+                    if listing.truncated {
+                        writeln!(out, "(more entries not listed)").map_err(stdout)?;
+                    }
+                    Ok(())
+                }
+                Fetched::File(_) => Err(CliError::Failed(format!(
+                    "{} is a file (copy it with `dormouse cp`)",
+                    Safe(&path)
+                ))),
+            }
+        }
+        FilesCommand::Disk { id } => {
+            let id = resolve(client, &id).await?;
+            let usage = client.disk(id).await?;
+            if json {
+                return print_json(out, &usage);
+            }
+            let layer = usage
+                .layer_bytes
+                .map_or_else(|| "unknown".to_owned(), |b| b.to_string());
+            writeln!(
+                out,
+                "workspace {} bytes ({} apparent) in {} files; container layer {layer} bytes; \
+                 {} bytes free; measured at {}{}",
+                usage.workspace_bytes,
+                usage.apparent_bytes,
+                usage.workspace_files,
+                usage.free_bytes,
+                usage.measured_at.to_rfc3339(),
+                if usage.complete {
+                    ""
+                } else {
+                    " (incomplete: lower bounds)"
+                }
+            )
+            .map_err(stdout)
+        }
+        FilesCommand::Export {
+            id,
+            output,
+            no_quiesce,
+        } => {
+            let id = resolve(client, &id).await?;
+            match output {
+                Some(file) => {
+                    let mut f = std::fs::File::create(&file).map_err(|source| CliError::Io {
+                        path: file.clone(),
+                        source,
+                    })?;
+                    let bytes = client.export(id, !no_quiesce, &mut f).await?;
+                    f.sync_all().map_err(|source| CliError::Io {
+                        path: file.clone(),
+                        source,
+                    })?;
+                    eprintln!("exported {bytes} bytes to {}", file.display());
+                    Ok(())
+                }
+                None => client
+                    .export(id, !no_quiesce, out)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into),
+            }
+        }
+        FilesCommand::Import {
+            id,
+            input,
+            new,
+            name,
+            owner,
+        } => {
+            let tar = read_input(input)?;
+            if new {
+                let status = client
+                    .create_from_tar(name.as_deref(), owner.as_deref(), tar)
+                    .await?;
+                return print_status(out, &status, json);
+            }
+            let Some(id) = id else {
+                return Err(CliError::Usage("import needs an ID or --new".into()));
+            };
+            let id = resolve(client, &id).await?;
+            let summary = client.import(id, tar).await?;
+            if json {
+                print_json(out, &summary)
+            } else {
+                writeln!(
+                    out,
+                    "imported {} files and {} directories ({} bytes) into {id}",
+                    summary.files, summary.dirs, summary.bytes
+                )
+                .map_err(stdout)
+            }
+        }
+    }
+}
+
+/// `ID:path` → (`ID`, `path`); anything with a `/` before its first `:`,
+/// or no `:`, is a local path (`./a:b` is local).
+fn remote(arg: &str) -> Option<(&str, &str)> {
+    let (who, path) = arg.split_once(':')?;
+    (!who.is_empty() && !who.contains('/')).then_some((who, path))
+}
+
+/// The whole of a local file, or of stdin.
+fn read_input(file: Option<PathBuf>) -> Result<Vec<u8>, CliError> {
+    let mut bytes = Vec::new();
+    match file {
+        Some(path) => {
+            bytes = std::fs::read(&path).map_err(|source| CliError::Io { path, source })?;
+        }
+        None => {
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut bytes)
+                .map_err(|source| CliError::Io {
+                    path: "<stdin>".into(),
+                    source,
+                })?;
+        }
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_and_local_arguments_are_told_apart() {
+        assert_eq!(remote("desk:notes/a.txt"), Some(("desk", "notes/a.txt")));
+        assert_eq!(remote("./a:b"), None);
+        assert_eq!(remote("/tmp/x"), None);
+        assert_eq!(remote(":x"), None);
+    }
+}
