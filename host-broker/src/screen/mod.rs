@@ -35,7 +35,7 @@ pub use relay::{RelayEnd, RelayLimits};
 pub use rfb::{RfbFilter, RfbViolation};
 
 /// File name of the VNC server's socket inside a computer's run directory.
-pub const VNC_SOCKET_FILE_NAME: &str = "vnc.sock";
+pub use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
 
 /// A refusal of the [`ScreenHost`]: status, stable code and a message safe
 /// to show (the owner's own errors map onto it one to one).
