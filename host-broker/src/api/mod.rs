@@ -16,6 +16,7 @@ pub mod error;
 mod events;
 mod extract;
 mod panel;
+pub mod screens;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,12 +55,18 @@ pub struct ApiState {
     pub token: ApiToken,
     /// Cancelled when the daemon stops; open WebSockets then close with 1001.
     pub shutdown: CancellationToken,
+    /// The live-screen gateway (its host refuses until the daemon wires it).
+    pub screens: crate::screen::ScreenGateway,
+    /// Where the panel's noVNC library is served from.
+    pub novnc: crate::screen::viewer::NovncDir,
 }
 
 impl ApiState {
     /// State around a broker handle, with a shutdown signal of its own.
     pub fn new(broker: BrokerHandle, metrics: Arc<Metrics>, token: ApiToken) -> Self {
         Self {
+            screens: screens::unwired(&broker),
+            novnc: crate::screen::viewer::NovncDir(None),
             broker,
             metrics,
             token,
@@ -170,6 +177,54 @@ impl Routes {
                 Method::GET,
                 "/v1/computers/{id}/screenshot",
                 computers::screenshot,
+            )
+            .add(
+                Token,
+                Method::DELETE,
+                "/v1/computers/{id}/lease",
+                screens::release_lease,
+            )
+            .add(
+                Token,
+                Method::POST,
+                crate::screen::api::SCREENS_PATH,
+                crate::screen::api::create,
+            )
+            .add(
+                Token,
+                Method::GET,
+                crate::screen::api::SCREENS_PATH,
+                crate::screen::api::list,
+            )
+            .add(
+                Token,
+                Method::DELETE,
+                crate::screen::api::SCREEN_PATH,
+                crate::screen::api::revoke,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::api::RFB_PATH,
+                crate::screen::api::rfb,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::PAGE_PATH,
+                crate::screen::viewer::page,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::SCRIPT_PATH,
+                crate::screen::viewer::script,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::NOVNC_ROUTE,
+                crate::screen::viewer::novnc,
             )
     }
 }

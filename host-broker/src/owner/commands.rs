@@ -35,7 +35,7 @@ pub(super) enum Answer<T> {
 }
 
 impl<T> Answer<T> {
-    fn send(self) {
+    pub(super) fn send(self) {
         if let Self::Now(reply, result) = self {
             let _ = reply.send(result);
         }
@@ -64,6 +64,12 @@ impl Owner {
             Command::Lease(id, request, reply) => self.lease((id, request), reply).send(),
             Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
             Command::Orphans(reply) => self.orphans((), reply).send(),
+            Command::ScreenAdmit(id, mode, fence, reply) => {
+                self.screen_admit((id, fence, mode), reply).send();
+            }
+            Command::ReleaseLease(id, fence, reply) => {
+                self.release_lease((id, fence, ()), reply).send()
+            }
         }
     }
 

@@ -16,6 +16,7 @@
 //! no-follow connect to `vnc.sock`). It never logs a token.
 
 pub mod api;
+pub mod host;
 pub mod registry;
 pub mod relay;
 pub mod rfb;
@@ -30,6 +31,7 @@ use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub use host::OwnerScreenHost;
 pub use registry::{RegistryError, ScreenRegistry, Ticket};
 pub use relay::{RelayEnd, RelayLimits};
 pub use rfb::{RfbFilter, RfbViolation};
