@@ -9,6 +9,7 @@
 //! matches several desktops).
 
 pub mod escape;
+mod screen;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -141,6 +142,17 @@ pub enum CliCommand {
         holder: String,
         /// How long it lives unless renewed, e.g. 30s.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+    /// Print a link to watch a desktop live (or, with --control, take it over).
+    Screen {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// A control capability (fenced: pass --generation under a lease).
+        #[arg(long)]
+        control: bool,
+        /// How long the link works, e.g. 10m.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
         ttl: Duration,
     },
 }
@@ -409,6 +421,9 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             } else {
                 writeln!(out, "saved {} ({} bytes)", output.display(), png.len()).map_err(stdout)
             }
+        }
+        CliCommand::Screen { id, control, ttl } => {
+            screen::screen(&client, &id, control, ttl, json, out).await
         }
         CliCommand::Lease { id, holder, ttl } => {
             let id = resolve(&client, &id).await?;

@@ -24,6 +24,7 @@
 mod endpoint;
 mod error;
 mod events;
+mod screens;
 pub mod token;
 
 use std::sync::Arc;
