@@ -83,14 +83,22 @@ async fn mouse(guest: &Guest) -> Result<String> {
 
 /// Waits for the close and checks its code and reason and that it came in
 /// time, measured from `since`.
-async fn expect_close(v: &mut RfbViewer, since: Instant, code: u16, reason: &str) -> Result<Duration> {
+async fn expect_close(
+    v: &mut RfbViewer,
+    since: Instant,
+    code: u16,
+    reason: &str,
+) -> Result<Duration> {
     let closed: Closed = v.closed(Duration::from_secs(10)).await?;
     let took = since.elapsed();
     ensure!(
         closed.code == Some(code) && closed.reason == reason,
         "closed with {closed:?}, expected {code} {reason:?}"
     );
-    ensure!(took <= REVOKE_WITHIN, "closed {took:?} after the cause ({reason})");
+    ensure!(
+        took <= REVOKE_WITHIN,
+        "closed {took:?} after the cause ({reason})"
+    );
     Ok(took)
 }
 
@@ -173,10 +181,16 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let mut v = viewer(broker, &view).await?;
     let opened = Instant::now();
     let fb = framebuffer(&mut v).await?;
-    eprintln!("view: whole framebuffer {:?} after the request", opened.elapsed());
+    eprintln!(
+        "view: whole framebuffer {:?} after the request",
+        opened.elapsed()
+    );
     let png = api.screenshot(id).await?;
     let (w, h, rgb, channels) = decode_png(&png)?;
-    ensure!((w, h) == (u32::from(WIDTH), u32::from(HEIGHT)), "screenshot {w}x{h}");
+    ensure!(
+        (w, h) == (u32::from(WIDTH), u32::from(HEIGHT)),
+        "screenshot {w}x{h}"
+    );
     let mut same = 0usize;
     let total = usize::from(WIDTH) * usize::from(HEIGHT);
     for i in 0..total {
@@ -187,13 +201,24 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         }
     }
     let share = same as f64 / total as f64;
-    eprintln!("pixels equal to the API screenshot: {same} of {total} ({:.2} %)", share * 100.0);
-    ensure!(share > 0.95, "only {share:.3} of the pixels match the screenshot");
+    eprintln!(
+        "pixels equal to the API screenshot: {same} of {total} ({:.2} %)",
+        share * 100.0
+    );
+    ensure!(
+        share > 0.95,
+        "only {share:.3} of the pixels match the screenshot"
+    );
     let lit = fb.chunks(4).filter(|p| p[0] | p[1] | p[2] != 0).count();
-    ensure!(lit > total / 10, "the framebuffer is mostly black ({lit} lit pixels)");
+    ensure!(
+        lit > total / 10,
+        "the framebuffer is mostly black ({lit} lit pixels)"
+    );
 
     // ---- a view capability's input never reaches the desktop --------------
-    guest.sh_ok(GuestUser::Desk, "xdotool mousemove 10 10").await?;
+    guest
+        .sh_ok(GuestUser::Desk, "xdotool mousemove 10 10")
+        .await?;
     ensure!(mouse(&guest).await?.starts_with("x:10 y:10"));
     for (x, y) in [(600u16, 400u16), (700, 500), (800, 600)] {
         v.send(&pointer_event(1, x, y)).await?;
@@ -204,7 +229,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     v.send(&update_request(true, 0, 0, WIDTH, HEIGHT)).await?;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let after_view = mouse(&guest).await?;
-    ensure!(after_view.starts_with("x:10 y:10"), "a view capability moved the pointer: {after_view}");
+    ensure!(
+        after_view.starts_with("x:10 y:10"),
+        "a view capability moved the pointer: {after_view}"
+    );
     eprintln!("view: pointer stayed at {after_view}");
 
     // ---- a control capability's input does (no lease: no fence needed) ----
@@ -219,7 +247,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    ensure!(moved.starts_with("x:700 y:500"), "control did not move the pointer: {moved}");
+    ensure!(
+        moved.starts_with("x:700 y:500"),
+        "control did not move the pointer: {moved}"
+    );
     eprintln!("control: pointer moved to {moved}");
     c.close().await;
 
@@ -233,7 +264,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     )
     .await;
     ensure!(
-        cross.as_ref().err().is_some_and(|e| format!("{e:#}").contains("401")),
+        cross
+            .as_ref()
+            .err()
+            .is_some_and(|e| format!("{e:#}").contains("401")),
         "another capability's token was accepted"
     );
     // The broker's bearer token is not a screen token.
@@ -254,7 +288,9 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     // 10 MiB of garbage after a good handshake.
     let mut garbage = viewer(broker, &view).await?;
     let started = Instant::now();
-    let chunk: Vec<u8> = (0..1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 0x80).collect();
+    let chunk: Vec<u8> = (0..1024 * 1024u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[1] | 0x80)
+        .collect();
     let mut sent = 0usize;
     for _ in 0..10 {
         if garbage.send(&chunk).await.is_err() {
@@ -263,9 +299,18 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         sent += chunk.len();
     }
     let closed = garbage.closed(Duration::from_secs(5)).await?;
-    ensure!(closed.code == Some(4003) || closed.code.is_none(), "garbage: {closed:?}");
-    eprintln!("garbage: {sent} bytes sent, closed {closed:?} after {:?}", started.elapsed());
-    ensure!(api.healthy().await, "the broker did not survive the garbage");
+    ensure!(
+        closed.code == Some(4003) || closed.code.is_none(),
+        "garbage: {closed:?}"
+    );
+    eprintln!(
+        "garbage: {sent} bytes sent, closed {closed:?} after {:?}",
+        started.elapsed()
+    );
+    ensure!(
+        api.healthy().await,
+        "the broker did not survive the garbage"
+    );
 
     // ---- 20 viewers, one never reading -------------------------------------
     guest
@@ -276,7 +321,9 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut stalled = viewer(broker, &view).await?;
-    stalled.send(&update_request(false, 0, 0, WIDTH, HEIGHT)).await?;
+    stalled
+        .send(&update_request(false, 0, 0, WIDTH, HEIGHT))
+        .await?;
     let mut readers = Vec::new();
     for _ in 0..19 {
         let mut r = viewer(broker, &view).await?;
@@ -300,7 +347,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         counts.push(r.await??);
     }
     eprintln!("19 reading viewers beside one that never reads, updates in 5 s: {counts:?}");
-    ensure!(counts.iter().all(|&n| n >= 5), "a viewer starved: {counts:?}");
+    ensure!(
+        counts.iter().all(|&n| n >= 5),
+        "a viewer starved: {counts:?}"
+    );
     drop(stalled);
 
     // ---- revocation: DELETE -----------------------------------------------
@@ -318,24 +368,49 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let expires = Instant::now() + Duration::from_millis(2_000);
     let closed = s.closed(Duration::from_secs(10)).await?;
     let late = Instant::now().saturating_duration_since(expires);
-    ensure!(closed.code == Some(4002) && closed.reason == "expired", "{closed:?}");
+    ensure!(
+        closed.code == Some(4002) && closed.reason == "expired",
+        "{closed:?}"
+    );
     ensure!(late <= REVOKE_WITHIN, "closed {late:?} after expiry");
     expect_refused(broker, &short).await?;
     eprintln!("expiry: closed {late:?} after the deadline");
 
     // ---- revocation: the lease taken by another holder ---------------------
     let first = api
-        .lease(id, &LeaseRequest { holder: "agent-a".into(), ttl_ms: 1_500 })
+        .lease(
+            id,
+            &LeaseRequest {
+                holder: "agent-a".into(),
+                ttl_ms: 1_500,
+            },
+        )
         .await?;
     let unfenced = mint(&api, id, ScreenMode::Control, 600_000, None).await;
-    ensure!(unfenced.is_err(), "control under a live lease without the generation was minted");
-    let fenced = mint(&api, id, ScreenMode::Control, 600_000, Some(first.generation)).await?;
+    ensure!(
+        unfenced.is_err(),
+        "control under a live lease without the generation was minted"
+    );
+    let fenced = mint(
+        &api,
+        id,
+        ScreenMode::Control,
+        600_000,
+        Some(first.generation),
+    )
+    .await?;
     let mut f = viewer(broker, &fenced).await?;
     let mut watcher = viewer(broker, &view).await?;
     tokio::time::sleep(Duration::from_millis(1_700)).await;
     let at = Instant::now();
     let second = api
-        .lease(id, &LeaseRequest { holder: "agent-b".into(), ttl_ms: 60_000 })
+        .lease(
+            id,
+            &LeaseRequest {
+                holder: "agent-b".into(),
+                ttl_ms: 60_000,
+            },
+        )
         .await?;
     ensure!(second.generation > first.generation);
     let took = expect_close(&mut f, at, 4001, "revoked: the lease changed hands").await?;
@@ -359,7 +434,8 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     expect_refused(broker, &view).await?;
     eprintln!("stop: closed after {took:?}");
     stopping.await??;
-    api.wait_stopped(&mut events, id, Duration::from_secs(60)).await?;
+    api.wait_stopped(&mut events, id, Duration::from_secs(60))
+        .await?;
     let refused = mint(&api, id, ScreenMode::View, 60_000, None).await;
     ensure!(refused.is_err(), "a stopped desktop minted a screen");
 

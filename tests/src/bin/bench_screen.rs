@@ -33,7 +33,9 @@ const W: u16 = 1280;
 const H: u16 = 800;
 
 #[derive(Debug, Parser)]
-#[command(about = "The live screen through a real broker: first frame, bandwidth, action delay, 20 viewers")]
+#[command(
+    about = "The live screen through a real broker: first frame, bandwidth, action delay, 20 viewers"
+)]
 struct Args {
     /// Seconds of each bandwidth window (the figure is over 60 s).
     #[arg(long, default_value_t = 20)]
@@ -66,7 +68,10 @@ fn main() -> ExitCode {
 }
 
 fn rect_bytes(rects: &[Rect]) -> u64 {
-    4 + rects.iter().map(|r| 12 + r.pixels.len() as u64).sum::<u64>()
+    4 + rects
+        .iter()
+        .map(|r| 12 + r.pixels.len() as u64)
+        .sum::<u64>()
 }
 
 async fn viewer(broker: &BrokerProcess, grant: &ScreenGrant) -> Result<RfbViewer> {
@@ -90,7 +95,11 @@ async fn full_update(v: &mut RfbViewer) -> Result<u64> {
     while covered < usize::from(W) * usize::from(H) {
         let rects = v.read_update().await?;
         bytes += rect_bytes(&rects);
-        covered += rects.iter().filter(|r| r.encoding == 0).map(|r| usize::from(r.w) * usize::from(r.h)).sum::<usize>();
+        covered += rects
+            .iter()
+            .filter(|r| r.encoding == 0)
+            .map(|r| usize::from(r.w) * usize::from(r.h))
+            .sum::<usize>();
     }
     Ok(bytes)
 }
@@ -140,7 +149,13 @@ fn ticks_per_second() -> f64 {
 
 async fn mint(api: &ApiClient, id: uuid::Uuid, mode: ScreenMode) -> Result<ScreenGrant> {
     Ok(api
-        .create_screen(id, &CreateScreen { mode, ttl_ms: Some(3_600_000) })
+        .create_screen(
+            id,
+            &CreateScreen {
+                mode,
+                ttl_ms: Some(3_600_000),
+            },
+        )
         .await?)
 }
 
@@ -154,10 +169,14 @@ async fn run(args: Args) -> Result<()> {
     let api = broker.client();
     let mut events = EventStream::open(&api).await?;
     let created = api
-        .create(&CreateComputer { name: Some("bench-screen".into()), ..CreateComputer::default() })
+        .create(&CreateComputer {
+            name: Some("bench-screen".into()),
+            ..CreateComputer::default()
+        })
         .await?;
     let id = created.id;
-    api.wait_ready(&mut events, id, Duration::from_secs(180)).await?;
+    api.wait_ready(&mut events, id, Duration::from_secs(180))
+        .await?;
     let guest = Guest::for_computer(id);
     // Let the first paint settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -172,7 +191,10 @@ async fn run(args: Args) -> Result<()> {
         firsts.push((started.elapsed(), bytes));
         v.close().await;
     }
-    let mut first_ms: Vec<f64> = firsts.iter().map(|(d, _)| d.as_secs_f64() * 1000.0).collect();
+    let mut first_ms: Vec<f64> = firsts
+        .iter()
+        .map(|(d, _)| d.as_secs_f64() * 1000.0)
+        .collect();
     first_ms.sort_by(f64::total_cmp);
     println!(
         "first complete framebuffer update (WebSocket open -> last byte, Raw {}x{}, {} bytes): median {:.0} ms, min {:.0}, max {:.0} (target <= 150 ms)",
@@ -220,7 +242,10 @@ async fn run(args: Args) -> Result<()> {
             let rects = tokio::time::timeout(Duration::from_secs(5), c.read_update())
                 .await
                 .context("no update showed the pointer move")??;
-            if rects.iter().any(|r| r.encoding == 0 && x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h) {
+            if rects
+                .iter()
+                .any(|r| r.encoding == 0 && x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h)
+            {
                 break started.elapsed();
             }
             c.send(&update_request(true, 0, 0, W, H)).await?;
@@ -256,7 +281,10 @@ async fn run(args: Args) -> Result<()> {
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = (cpu_ticks(pid)? - cpu0) as f64 / ticks_per_second();
-    let rates: Vec<f64> = results.iter().map(|(b, _)| kbit_s(*b, many_window)).collect();
+    let rates: Vec<f64> = results
+        .iter()
+        .map(|(b, _)| kbit_s(*b, many_window))
+        .collect();
     let updates: Vec<u32> = results.iter().map(|(_, u)| *u).collect();
     println!(
         "{} viewers on the changing screen for {:?} (each starting with a whole Raw frame): broker CPU {:.0} % of one core ({cpu:.2} s over {wall:.1} s; target < 100 %); updates per viewer {:?}; kbit/s per viewer min {:.1} max {:.1}",
