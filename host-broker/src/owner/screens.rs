@@ -161,9 +161,11 @@ impl Owner {
         if let Some(c) = self.computers.get_mut(&id) {
             c.record = record;
         }
-        // Control bound to this generation ends with the lease.
-        let n = self.screens.revoke_control_except(id, u64::MAX);
-        tracing::info!(computer = %id, revoked = n, "lease released");
+        // Control capabilities bound to this generation are not revoked
+        // here: without a lease, control needs no fence anyway, and the
+        // next holder's takeover moves the generation on and revokes them.
+        // (The panel revokes its own before releasing.)
+        tracing::info!(computer = %id, "lease released");
         self.dirty.insert(id);
         Ok(())
     }
