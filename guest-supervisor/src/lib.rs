@@ -25,6 +25,7 @@ pub mod services;
 pub mod socket;
 pub mod state;
 pub mod stop;
+pub mod vnc_socket;
 pub mod x_client;
 
 pub use config::Config;

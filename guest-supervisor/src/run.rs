@@ -107,6 +107,14 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
 
     let mut services = Services::start(config.clone(), cell.clone(), prepare_problem, started);
     let probe_task = tokio::spawn(probe::run_probe_loop(config.clone(), cell.clone()));
+    let vnc_task = tokio::spawn({
+        let (config, cell) = (config.clone(), cell.clone());
+        async move {
+            if let Err(e) = crate::vnc_socket::serve(config, cell).await {
+                tracing::error!(error = %e, "vnc socket failed");
+            }
+        }
+    });
 
     let stop_signal = loop {
         tokio::select! {
@@ -127,6 +135,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     tracing::info!(signal = %stop_signal, "stopping");
     cell.set_stopping();
     probe_task.abort();
+    vnc_task.abort();
     let budget = Duration::from_millis(config.stop_timeout_ms);
     // Browsers get most of the budget: flushing a profile is what matters.
     let browser_grace = budget.mul_f64(0.6);

@@ -131,12 +131,20 @@ pub struct BoundSocket {
     pub listener: UnixListener,
     dir: HeldDir,
     path: PathBuf,
+    name: &'static str,
     dev_ino: (u64, u64),
+}
+
+impl BoundSocket {
+    /// Where the socket is, for messages.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
 }
 
 impl Drop for BoundSocket {
     fn drop(&mut self) {
-        let name = OsStr::new(dormouse_protocol::SOCKET_FILE_NAME);
+        let name = OsStr::new(self.name);
         if let Ok(st) = nix::sys::stat::fstatat(
             self.dir.fd(),
             name,
@@ -214,9 +222,15 @@ fn kind_name(kind: EntryKind) -> &'static str {
 /// followed), binds a fresh socket beneath the held directory and sets it to
 /// 0600.
 pub fn bind(config: &Config) -> Result<BoundSocket, SocketError> {
+    bind_named(config, dormouse_protocol::SOCKET_FILE_NAME)
+}
+
+/// [`bind`] for another socket of the run directory (`vnc.sock`), with the
+/// same rules.
+pub fn bind_named(config: &Config, file_name: &'static str) -> Result<BoundSocket, SocketError> {
     let dir = secure_run_dir(config)?;
-    let path = config.socket_path();
-    let name = OsStr::new(dormouse_protocol::SOCKET_FILE_NAME);
+    let path = config.run_dir.join(file_name);
+    let name = OsStr::new(file_name);
     if let Some(st) = dir.stat(name).map_err(|source| SocketError::RemoveStale {
         path: path.clone(),
         source,
@@ -268,6 +282,7 @@ pub fn bind(config: &Config) -> Result<BoundSocket, SocketError> {
         listener,
         dir,
         path,
+        name: file_name,
         dev_ino: (meta.st_dev, meta.st_ino),
     })
 }

@@ -12,7 +12,9 @@ use uuid::Uuid;
 use crate::error::BrokerError;
 use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use crate::reconcile::Orphan;
+use crate::screen::ScreenRegistry;
 use crate::workspace::{ChannelReader, DiskUsage, ImportSummary};
+use dormouse_protocol::screen::ScreenMode;
 
 /// Reply channel of a command.
 pub type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -67,6 +69,10 @@ pub enum Command {
     Import(Uuid, Fence, ChannelReader, Reply<ImportSummary>),
     /// A fresh place to stage the workspace of a create from a tar.
     ImportSlot(CreateComputer, Reply<WorkspaceGrant>),
+    /// Admit a screen capability; answers the generation it is bound to.
+    ScreenAdmit(Uuid, ScreenMode, Fence, Reply<u64>),
+    /// Give the lease back (fenced).
+    ReleaseLease(Uuid, Fence, Reply<()>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -74,12 +80,43 @@ pub enum Command {
 pub struct BrokerHandle {
     tx: mpsc::Sender<Command>,
     events: broadcast::Sender<BrokerEvent>,
+    screens: ScreenRegistry,
 }
 
 impl BrokerHandle {
     /// A handle over the owner's command channel and event broadcast.
     pub fn new(tx: mpsc::Sender<Command>, events: broadcast::Sender<BrokerEvent>) -> Self {
-        Self { tx, events }
+        Self {
+            tx,
+            events,
+            screens: ScreenRegistry::new(),
+        }
+    }
+
+    /// The same handle over the owner's screen registry.
+    pub fn with_screens(mut self, screens: ScreenRegistry) -> Self {
+        self.screens = screens;
+        self
+    }
+
+    /// The screen capabilities the owner revokes.
+    pub fn screens(&self) -> &ScreenRegistry {
+        &self.screens
+    }
+
+    /// See [`Command::ScreenAdmit`].
+    pub async fn screen_admit(
+        &self,
+        id: Uuid,
+        mode: ScreenMode,
+        fence: Fence,
+    ) -> Result<u64, BrokerError> {
+        self.ask(|r| Command::ScreenAdmit(id, mode, fence, r)).await
+    }
+
+    /// See [`Command::ReleaseLease`].
+    pub async fn release_lease(&self, id: Uuid, fence: Fence) -> Result<(), BrokerError> {
+        self.ask(|r| Command::ReleaseLease(id, fence, r)).await
     }
 
     /// Every status change of every computer, from now on.

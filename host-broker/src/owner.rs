@@ -24,6 +24,7 @@ mod computer;
 mod exec;
 mod follow;
 mod ops;
+mod screens;
 mod startup;
 pub mod workspace;
 
@@ -188,6 +189,7 @@ pub async fn spawn_backend(
     let (command_tx, command_rx) = mpsc::channel(COMMAND_QUEUE);
     let (events, _) = broadcast::channel(EVENT_QUEUE);
     let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE);
+    let screens = crate::screen::ScreenRegistry::new();
     let mut owner = Owner {
         ctx,
         store,
@@ -203,11 +205,16 @@ pub async fn spawn_backend(
         anchor: (Instant::now(), Utc::now()),
         dirty: BTreeSet::new(),
         engine_lost: false,
+        screens: screens.clone(),
+        screens_seen: screens::ScreensSeen::new(),
     };
     owner.start_up(records).await;
     owner.watch_backend();
     let task = tokio::spawn(owner.run(command_rx, internal_rx));
-    Ok((BrokerHandle::new(command_tx, events), task))
+    Ok((
+        BrokerHandle::new(command_tx, events).with_screens(screens),
+        task,
+    ))
 }
 
 /// The owner's state.
@@ -233,6 +240,10 @@ struct Owner {
     dirty: BTreeSet<Uuid>,
     /// The backend's change stream broke and has not come back yet.
     engine_lost: bool,
+    /// Every live screen capability (revoked from here, [`screens`]).
+    screens: crate::screen::ScreenRegistry,
+    /// What [`Owner::sync_screens`] last saw of each computer.
+    screens_seen: screens::ScreensSeen,
 }
 
 impl std::fmt::Debug for Owner {
@@ -289,6 +300,7 @@ impl Owner {
         loop {
             while self.tasks.try_join_next().is_some() {}
             self.publish();
+            self.sync_screens();
             let wake = self.next_wake();
             tokio::select! {
                 message = internal.recv() => {

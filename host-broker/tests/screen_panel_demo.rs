@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api_support::{Harness, TOKEN};
-use dormouse_broker::screen::{self, viewer, Refusal, ScreenGateway, ScreenHost};
+use dormouse_broker::screen::{viewer, Refusal, ScreenGateway, ScreenHost};
 use dormouse_e2e::rfb::FakeVncServer;
 use dormouse_protocol::api::BrokerEvent;
 use dormouse_protocol::screen::{RevokeReason, ScreenMode};
@@ -113,10 +113,12 @@ async fn serve_screen_panel_demo() {
             }
         }
     });
-    let app = h
-        .router()
-        .merge(screen::api::router(gateway))
-        .merge(viewer::router(viewer::NovncDir(Some(novnc.into()))));
+    // The broker's own route table serves the screen and noVNC routes;
+    // only its state is swapped for the demo's.
+    let mut state = h.state.clone();
+    state.screens = gateway;
+    state.novnc = viewer::NovncDir(Some(novnc.into()));
+    let app = dormouse_broker::api::router(state);
     let listener = tokio::net::TcpListener::bind(&addr).await.expect("bind");
     println!("screen panel demo on http://{addr}/ token {TOKEN}");
     axum::serve(listener, app).await.expect("serve");

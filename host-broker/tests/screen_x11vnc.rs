@@ -1,9 +1,10 @@
 //! The screen gateway against the real VNC server of the desktop image:
 //! x11vnc with the supervisor's flags on a real Xvfb, in a network-less
-//! container. Until the guest serves `vnc.sock` itself, each VNC connection
-//! of the gateway is carried to the guest's loopback by a small bridge run
-//! with `docker exec -i` (the engine's exec stream, as the design's
-//! fallback channel does). The witness of what reaches the desktop is
+//! container, without the supervisor: each VNC connection of the gateway is
+//! carried to the guest's loopback by a small bridge run with
+//! `docker exec -i` (the engine's exec stream, as the design's fallback
+//! channel does). The whole path through the supervisor's `vnc.sock` and a
+//! real broker is `tests/tests/screen.rs`. The witness of what reaches the desktop is
 //! `xdotool getmouselocation` in the guest, not the gateway.
 //!
 //! Needs Docker and the desktop image (`DORMOUSE_TEST_IMAGE`); skips with a

@@ -9,6 +9,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// File name of the desktop's VNC socket in the run directory (beside
+/// [`crate::SOCKET_FILE_NAME`]): `/run/dormouse/vnc.sock` in the guest.
+pub const VNC_SOCKET_FILE_NAME: &str = "vnc.sock";
+
 /// Prefix of the WebSocket subprotocol that carries a screen token:
 /// `Sec-WebSocket-Protocol: binary, dormouse.screen.<token>`.
 pub const SCREEN_SUBPROTOCOL_PREFIX: &str = "dormouse.screen.";

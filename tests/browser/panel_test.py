@@ -421,6 +421,20 @@ def run_live_screen(base, token, cid, api, evidence):
         png = evidence / "panel-control.png"
         driver.save_screenshot(str(png))
         log(f"Take control: {state(driver)!r}; evidence {png}")
+        # A click in the canvas reaches the guest (witness: xdotool in it).
+        container = f"dormouse-{cid}"
+        guest_x = ["docker", "exec", "-u", "1000:1000", "-e", "DISPLAY=:1", container, "xdotool"]
+        if shutil.which("docker") and subprocess.run(guest_x + ["mousemove", "3", "3"],
+                                                     capture_output=True).returncode == 0:
+            from selenium.webdriver.common.action_chains import ActionChains
+            canvas = driver.find_element(By.CSS_SELECTOR, card_sel + " canvas")
+            ActionChains(driver).move_to_element_with_offset(canvas, 20, 15).click().perform()
+            def guest_pointer():
+                out = subprocess.run(guest_x + ["getmouselocation"], capture_output=True, text=True).stdout
+                return out.split()[:2]
+            wait_for(driver, lambda d: guest_pointer() not in ([], ["x:3", "y:3"]),
+                     "the guest pointer to move after a click in the canvas", timeout=15)
+            log(f"a click in the canvas moved the guest pointer to {' '.join(guest_pointer())}")
         driver.find_element(By.CSS_SELECTOR, card_sel + " button.release").click()
         wait_for(driver, lambda d: state(d).startswith("Live"), "view again after Release", timeout=30)
         log(f"Release: {state(driver)!r}")

@@ -11,6 +11,7 @@
 pub mod escape;
 pub mod exec;
 pub mod files;
+mod screen;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -177,6 +178,17 @@ pub enum CliCommand {
     /// The workspace: cp, files, disk, export, import.
     #[command(flatten)]
     Files(files::FilesCommand),
+    /// Print a link to watch a desktop live (or, with --control, take it over).
+    Screen {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// A control capability (fenced: pass --generation under a lease).
+        #[arg(long)]
+        control: bool,
+        /// How long the link works, e.g. 10m.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+        ttl: Duration,
+    },
 }
 
 /// Why a command failed.
@@ -453,6 +465,9 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             } else {
                 writeln!(out, "saved {} ({} bytes)", output.display(), png.len()).map_err(stdout)
             }
+        }
+        CliCommand::Screen { id, control, ttl } => {
+            screen::screen(&client, &id, control, ttl, json, out).await
         }
         CliCommand::Lease { id, holder, ttl } => {
             let id = resolve(&client, &id).await?;

@@ -26,6 +26,7 @@ mod error;
 mod events;
 mod exec;
 mod files;
+mod screens;
 pub mod token;
 
 use std::sync::Arc;

@@ -19,6 +19,7 @@ mod events;
 mod exec;
 mod extract;
 mod panel;
+pub mod screens;
 mod workspace;
 
 use std::sync::Arc;
@@ -61,12 +62,18 @@ pub struct ApiState {
     /// Which container engine answered at start-up (`Podman Engine 4.3.1
     /// (API 1.41)`), for `/healthz`; `None` when it did not answer.
     pub engine: Option<String>,
+    /// The live-screen gateway (its host refuses until the daemon wires it).
+    pub screens: crate::screen::ScreenGateway,
+    /// Where the panel's noVNC library is served from.
+    pub novnc: crate::screen::viewer::NovncDir,
 }
 
 impl ApiState {
     /// State around a broker handle, with a shutdown signal of its own.
     pub fn new(broker: BrokerHandle, metrics: Arc<Metrics>, token: ApiToken) -> Self {
         Self {
+            screens: screens::unwired(&broker),
+            novnc: crate::screen::viewer::NovncDir(None),
             broker,
             metrics,
             token,
@@ -195,6 +202,54 @@ impl Routes {
                 Method::GET,
                 "/v1/computers/{id}/screenshot",
                 computers::screenshot,
+            )
+            .add(
+                Token,
+                Method::DELETE,
+                "/v1/computers/{id}/lease",
+                screens::release_lease,
+            )
+            .add(
+                Token,
+                Method::POST,
+                crate::screen::api::SCREENS_PATH,
+                crate::screen::api::create,
+            )
+            .add(
+                Token,
+                Method::GET,
+                crate::screen::api::SCREENS_PATH,
+                crate::screen::api::list,
+            )
+            .add(
+                Token,
+                Method::DELETE,
+                crate::screen::api::SCREEN_PATH,
+                crate::screen::api::revoke,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::api::RFB_PATH,
+                crate::screen::api::rfb,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::PAGE_PATH,
+                crate::screen::viewer::page,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::SCRIPT_PATH,
+                crate::screen::viewer::script,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::screen::viewer::NOVNC_ROUTE,
+                crate::screen::viewer::novnc,
             )
             .add(
                 Token,

@@ -9,6 +9,7 @@
 
 pub mod listen;
 pub mod logging;
+pub mod screens;
 pub mod serve;
 pub mod systemd;
 pub mod token;
@@ -134,6 +135,10 @@ pub struct DaemonArgs {
     /// Log filter, e.g. info, debug, info,dormouse::access=warn [default: RUST_LOG, else info].
     #[arg(long, value_name = "FILTER", env = "DORMOUSE_LOG")]
     pub log_level: Option<String>,
+    /// Where noVNC is installed (the panel's live screen); without it the
+    /// panel shows still screenshots.
+    #[arg(long, value_name = "DIR", default_value = crate::screen::viewer::DEFAULT_NOVNC_DIR)]
+    pub novnc_dir: PathBuf,
 }
 
 impl DaemonArgs {
@@ -281,6 +286,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     let mut state = ApiState::new(broker, metrics, token.clone());
     state.shutdown = shutdown.clone();
     state.engine = engine;
+    screens::wire(&mut state, &data_dir, &args.novnc_dir, &shutdown);
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,

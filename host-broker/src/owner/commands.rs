@@ -35,7 +35,7 @@ pub(super) enum Answer<T> {
 }
 
 impl<T> Answer<T> {
-    fn send(self) {
+    pub(super) fn send(self) {
         if let Self::Now(reply, result) = self {
             let _ = reply.send(result);
         }
@@ -69,6 +69,12 @@ impl Owner {
             Command::Disk(id, reply) => self.disk(id, reply).send(),
             Command::Import(id, fence, body, reply) => self.import((id, fence, body), reply).send(),
             Command::ImportSlot(request, reply) => self.import_slot(request, reply).send(),
+            Command::ScreenAdmit(id, mode, fence, reply) => {
+                self.screen_admit((id, fence, mode), reply).send();
+            }
+            Command::ReleaseLease(id, fence, reply) => {
+                self.release_lease((id, fence, ()), reply).send()
+            }
         }
     }
 

@@ -111,11 +111,22 @@ pub async fn create(
     let request: CreateScreen = serde_json::from_slice(&body)
         .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
     let ttl_ms = request.ttl_ms.unwrap_or(DEFAULT_SCREEN_TTL_MS);
-    let epoch = gw.registry.epoch(computer);
-    let current = gw.host.admit(computer, request.mode, fence).await?;
-    let grant = gw
-        .registry
-        .mint(computer, request.mode, ttl_ms, current, epoch)?;
+    // A revocation between admission and mint (another capability's, a
+    // generation change) refuses the mint; admit again a few times before
+    // answering `state_changed`, so a view is not failed by a lease change.
+    let mut attempts = 0;
+    let grant = loop {
+        attempts += 1;
+        let epoch = gw.registry.epoch(computer);
+        let current = gw.host.admit(computer, request.mode, fence).await?;
+        match gw
+            .registry
+            .mint(computer, request.mode, ttl_ms, current, epoch)
+        {
+            Err(RegistryError::Raced) if attempts < 3 => continue,
+            other => break other?,
+        }
+    };
     tracing::info!(
         computer = %computer,
         screen = %grant.screen_id,

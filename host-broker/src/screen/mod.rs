@@ -16,6 +16,7 @@
 //! no-follow connect to `vnc.sock`). It never logs a token.
 
 pub mod api;
+pub mod host;
 pub mod registry;
 pub mod relay;
 pub mod rfb;
@@ -30,12 +31,13 @@ use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub use host::OwnerScreenHost;
 pub use registry::{RegistryError, ScreenRegistry, Ticket};
 pub use relay::{RelayEnd, RelayLimits};
 pub use rfb::{RfbFilter, RfbViolation};
 
 /// File name of the VNC server's socket inside a computer's run directory.
-pub const VNC_SOCKET_FILE_NAME: &str = "vnc.sock";
+pub use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
 
 /// A refusal of the [`ScreenHost`]: status, stable code and a message safe
 /// to show (the owner's own errors map onto it one to one).

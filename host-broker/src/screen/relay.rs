@@ -43,6 +43,11 @@ pub struct RelayLimits {
     pub ping_every: Duration,
     /// How long the close frame may take to go out.
     pub close_within: Duration,
+    /// How long a connection whose VNC server closed waits for the
+    /// revocation that usually follows (a killed or stopped desktop closes
+    /// its socket a moment before the broker hears why), so the viewer is
+    /// told the reason rather than only that the screen closed.
+    pub gone_grace: Duration,
 }
 
 impl Default for RelayLimits {
@@ -54,6 +59,7 @@ impl Default for RelayLimits {
             max_client_message: usize::try_from(MAX_CUT_TEXT).unwrap_or(1 << 20) + 64 * 1024,
             ping_every: Duration::from_secs(30),
             close_within: Duration::from_secs(1),
+            gone_grace: Duration::from_millis(800),
         }
     }
 }
@@ -190,7 +196,12 @@ where
             () = shutdown.cancelled() => return RelayEnd::Revoked(RevokeReason::Shutdown),
             end = &mut up => return end,
             read = vnc_rd.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return RelayEnd::DesktopGone,
+                Ok(0) | Err(_) => {
+                    return match tokio::time::timeout(limits.gone_grace, until_revoked(revoked_rx)).await {
+                        Ok(reason) => RelayEnd::Revoked(reason),
+                        Err(_) => RelayEnd::DesktopGone,
+                    };
+                }
                 Ok(n) => {
                     stats.to_viewer += n as u64;
                     Message::Binary(Bytes::copy_from_slice(&buf[..n]))

@@ -330,6 +330,14 @@ async fn owner(
             Command::Import(_, _, _, reply) => {
                 let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
             }
+            Command::ScreenAdmit(id, _mode, _fence, reply) => answer!(reply, "screen_admit", id, {
+                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                Ok(c.generation)
+            }),
+            Command::ReleaseLease(id, _fence, reply) => answer!(reply, "release_lease", id, {
+                s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                Ok(())
+            }),
         }
     }
 }

@@ -1,0 +1,73 @@
+//! The API state's screen parts and the one lease route the live screen
+//! needs (`DELETE /v1/computers/{id}/lease`, the panel's Release). The
+//! screen routes themselves are [`crate::screen::api`]'s; this file only
+//! lets them take their state from [`ApiState`]. It decides nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use dormouse_protocol::screen::ScreenMode;
+use futures_util::future::BoxFuture;
+use tokio::net::UnixStream;
+use uuid::Uuid;
+
+use super::extract::{ComputerId, Generation};
+use super::{ApiState, HttpError};
+use crate::command::BrokerHandle;
+use crate::screen::viewer::NovncDir;
+use crate::screen::{Refusal, ScreenGateway, ScreenHost};
+
+/// A gateway whose host refuses everything (503): what an [`ApiState`]
+/// starts with until the daemon wires the owner's host in.
+pub fn unwired(broker: &BrokerHandle) -> ScreenGateway {
+    let mut gateway = ScreenGateway::new(
+        Arc::new(Unwired),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    gateway.registry = broker.screens().clone();
+    gateway
+}
+
+struct Unwired;
+
+fn not_served() -> Refusal {
+    Refusal::unavailable("this broker does not serve live screens")
+}
+
+impl ScreenHost for Unwired {
+    fn exists(&self, _: Uuid) -> BoxFuture<'_, Result<(), Refusal>> {
+        Box::pin(async { Err(not_served()) })
+    }
+
+    fn admit(&self, _: Uuid, _: ScreenMode, _: Option<u64>) -> BoxFuture<'_, Result<u64, Refusal>> {
+        Box::pin(async { Err(not_served()) })
+    }
+
+    fn connect_vnc(&self, _: Uuid) -> BoxFuture<'_, Result<UnixStream, Refusal>> {
+        Box::pin(async { Err(not_served()) })
+    }
+}
+
+impl FromRef<ApiState> for ScreenGateway {
+    fn from_ref(state: &ApiState) -> Self {
+        state.screens.clone()
+    }
+}
+
+impl FromRef<ApiState> for NovncDir {
+    fn from_ref(state: &ApiState) -> Self {
+        state.novnc.clone()
+    }
+}
+
+/// `DELETE /v1/computers/{id}/lease`: gives the lease back (fenced by
+/// `Dormouse-Generation`); `204`, also when no live lease exists.
+pub async fn release_lease(
+    State(state): State<ApiState>,
+    ComputerId(id): ComputerId,
+    Generation(fence): Generation,
+) -> Result<StatusCode, HttpError> {
+    state.broker.release_lease(id, fence).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,252 @@
+//! The owner's side of the live screen: admitting a capability under the
+//! fence (decided here, where leases are decided, so no generation change
+//! can slip in between), giving a lease back, and revoking screens as the
+//! owner's own view of each computer changes.
+//!
+//! Revocation is derived, not sprinkled over every code path: after every
+//! turn of the owner's loop, [`Owner::sync_screens`] compares what it last
+//! saw of each computer (a stop being decided, the container up, its start,
+//! the guest's start identity, the generation, a removal) with what it
+//! holds now and revokes accordingly, so a new path that changes one of
+//! these cannot forget to. It never mints, never opens a socket, and never
+//! sees a token.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use dormouse_protocol::screen::{RevokeReason, ScreenMode};
+use uuid::Uuid;
+
+use super::commands::Answer;
+use super::ops::OpKind;
+use super::Owner;
+use crate::command::{Fence, Reply};
+use crate::error::BrokerError;
+use crate::store::lease;
+
+/// What the owner last saw of one computer, as far as screens care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ScreenSeen {
+    up: bool,
+    started_at: Option<DateTime<Utc>>,
+    identity: Option<String>,
+    generation: u64,
+    stopping: bool,
+    removing: bool,
+}
+
+/// Every computer's [`ScreenSeen`].
+pub(super) type ScreensSeen = HashMap<Uuid, ScreenSeen>;
+
+impl Owner {
+    fn screen_seen(&self, id: Uuid) -> Option<ScreenSeen> {
+        let c = self.computers.get(&id)?;
+        let kind = c.op.as_ref().map(|o| o.kind());
+        Some(ScreenSeen {
+            up: c.engine.is_up(),
+            started_at: c.engine.info().and_then(|d| d.started_at),
+            identity: c.guest.hello.as_ref().map(|h| h.identity.fingerprint()),
+            generation: c.record.generation,
+            stopping: matches!(kind, Some(OpKind::Stop { .. })),
+            removing: matches!(kind, Some(OpKind::Remove { .. })),
+        })
+    }
+
+    /// Revokes what the latest changes affect; called after every turn of
+    /// the loop (a map lookup per computer when nothing changed).
+    pub(super) fn sync_screens(&mut self) {
+        let ids: Vec<Uuid> = self.computers.keys().copied().collect();
+        for id in ids {
+            let Some(now) = self.screen_seen(id) else {
+                continue;
+            };
+            let Some(before) = self.screens_seen.insert(id, now.clone()) else {
+                continue;
+            };
+            if before == now {
+                continue;
+            }
+            if let Some(reason) = revocation(&before, &now) {
+                let n = self.screens.revoke_all(id, reason);
+                tracing::info!(computer = %id, reason = reason.close_reason(), revoked = n, "screens revoked");
+            }
+            if before.generation != now.generation {
+                let n = self.screens.revoke_control_except(id, now.generation);
+                tracing::info!(computer = %id, generation = now.generation, revoked = n, "control screens of older generations revoked");
+            }
+        }
+        if self.screens_seen.len() != self.computers.len() {
+            let gone: Vec<Uuid> = self
+                .screens_seen
+                .keys()
+                .filter(|id| !self.computers.contains_key(id))
+                .copied()
+                .collect();
+            for id in gone {
+                self.screens_seen.remove(&id);
+                self.screens.revoke_all(id, RevokeReason::Removed);
+            }
+        }
+    }
+
+    /// Admits a screen capability: the desktop runs, is ready and nothing is
+    /// changing it; `control` passes the fence. Answers the generation a
+    /// control capability is bound to.
+    pub(super) fn screen_admit(
+        &mut self,
+        (id, fence, mode): (Uuid, Fence, ScreenMode),
+        reply: Reply<u64>,
+    ) -> Answer<u64> {
+        Answer::Now(reply, self.decide_screen(id, fence, mode))
+    }
+
+    fn decide_screen(
+        &mut self,
+        id: Uuid,
+        fence: Fence,
+        mode: ScreenMode,
+    ) -> Result<u64, BrokerError> {
+        let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+        if let Some(op) = &c.op {
+            return Err(BrokerError::WrongState(format!(
+                "{} is in progress",
+                op.kind().describe()
+            )));
+        }
+        if !c.engine.is_up() {
+            return Err(BrokerError::WrongState("the desktop is not running".into()));
+        }
+        if !self.status_of(c).ready {
+            return Err(BrokerError::WrongState("the desktop is not ready".into()));
+        }
+        if mode == ScreenMode::Control {
+            if let Err(e) = lease::check_fence(
+                c.record.lease.as_ref(),
+                c.record.generation,
+                fence,
+                Utc::now(),
+            ) {
+                self.metrics.fencing_rejection();
+                return Err(e);
+            }
+        }
+        Ok(c.record.generation)
+    }
+
+    /// Gives the lease back (`DELETE /v1/computers/{id}/lease`): fenced by
+    /// the generation; no live lease is not an error. The generation stays;
+    /// the next holder's takeover moves it on (and revokes older control).
+    pub(super) fn release_lease(
+        &mut self,
+        (id, fence, ()): (Uuid, Fence, ()),
+        reply: Reply<()>,
+    ) -> Answer<()> {
+        Answer::Now(reply, self.decide_release(id, fence))
+    }
+
+    fn decide_release(&mut self, id: Uuid, fence: Fence) -> Result<(), BrokerError> {
+        let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+        let now = Utc::now();
+        if !c.record.lease.as_ref().is_some_and(|l| l.is_live(now)) {
+            return Ok(());
+        }
+        if let Err(e) = lease::check_fence(c.record.lease.as_ref(), c.record.generation, fence, now)
+        {
+            self.metrics.fencing_rejection();
+            return Err(e);
+        }
+        let mut record = c.record.clone();
+        record.lease = None;
+        self.store.save(&record)?;
+        if let Some(c) = self.computers.get_mut(&id) {
+            c.record = record;
+        }
+        // Control capabilities bound to this generation are not revoked
+        // here: without a lease, control needs no fence anyway, and the
+        // next holder's takeover moves the generation on and revokes them.
+        // (The panel revokes its own before releasing.)
+        tracing::info!(computer = %id, "lease released");
+        self.dirty.insert(id);
+        Ok(())
+    }
+}
+
+/// Why every screen of a computer goes, if the change says so.
+fn revocation(before: &ScreenSeen, now: &ScreenSeen) -> Option<RevokeReason> {
+    if now.removing && !before.removing {
+        return Some(RevokeReason::Removed);
+    }
+    if now.stopping && !before.stopping {
+        return Some(RevokeReason::Stopped);
+    }
+    if before.up && !now.up {
+        // Down without a stop of the broker's own: killed behind its back
+        // (a broker stop was already revoked when it was decided).
+        return Some(if before.stopping || now.stopping {
+            RevokeReason::Stopped
+        } else {
+            RevokeReason::Killed
+        });
+    }
+    let restarted_container = now.up
+        && (!before.up
+            || matches!((before.started_at, now.started_at), (Some(a), Some(b)) if a != b));
+    let new_identity = matches!((&before.identity, &now.identity), (Some(a), Some(b)) if a != b);
+    if restarted_container || new_identity {
+        return Some(RevokeReason::Restarted);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen() -> ScreenSeen {
+        ScreenSeen {
+            up: true,
+            started_at: Some(Utc::now()),
+            identity: Some("a".into()),
+            generation: 1,
+            stopping: false,
+            removing: false,
+        }
+    }
+
+    #[test]
+    fn changes_map_to_reasons() {
+        let s = seen();
+        assert_eq!(revocation(&s, &s), None);
+        let stopping = ScreenSeen {
+            stopping: true,
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &stopping), Some(RevokeReason::Stopped));
+        let down = ScreenSeen {
+            up: false,
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &down), Some(RevokeReason::Killed));
+        assert_eq!(revocation(&stopping, &down), Some(RevokeReason::Stopped));
+        let removing = ScreenSeen {
+            removing: true,
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &removing), Some(RevokeReason::Removed));
+        let restarted = ScreenSeen {
+            started_at: Some(Utc::now() + chrono::Duration::seconds(5)),
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &restarted), Some(RevokeReason::Restarted));
+        let other = ScreenSeen {
+            identity: Some("b".into()),
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &other), Some(RevokeReason::Restarted));
+        let fenced = ScreenSeen {
+            generation: 2,
+            ..s.clone()
+        };
+        assert_eq!(revocation(&s, &fenced), None);
+    }
+}

@@ -1,0 +1,299 @@
+//! `dormouse-bench-screen`: the live screen through a real broker.
+//!
+//! Measures, on one desktop: the time from opening the WebSocket to the
+//! first complete framebuffer update; the bandwidth one viewer receives of
+//! a static screen and of a changing one (an xterm printing the time every
+//! second, a clock); the delay from an action through a control capability
+//! (a pointer move) to the first update that shows it; and 20 viewers at
+//! once on the changing screen with the broker's CPU. The test viewer asks
+//! for Raw encoding only (it decodes nothing else), which is the worst case
+//! for bandwidth: noVNC negotiates Tight/ZRLE and would receive less for a
+//! changing screen; for a static screen both receive (almost) nothing.
+//!
+//! A benchmark, not a test: it prints figures beside the targets and never
+//! asserts them. Its containers are removed when it ends.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
+use dormouse_e2e::guest::{Guest, GuestUser};
+use dormouse_e2e::rfb::{
+    pointer_event, set_encodings, set_pixel_format_bgrx, update_request, Rect, RfbViewer, TokenIn,
+};
+use dormouse_protocol::api::CreateComputer;
+use dormouse_protocol::screen::{CreateScreen, ScreenGrant, ScreenMode};
+
+const W: u16 = 1280;
+const H: u16 = 800;
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "The live screen through a real broker: first frame, bandwidth, action delay, 20 viewers"
+)]
+struct Args {
+    /// Seconds of each bandwidth window (the figure is over 60 s).
+    #[arg(long, default_value_t = 20)]
+    window: u64,
+    /// First-frame and action-delay samples.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Viewers at once.
+    #[arg(long, default_value_t = 20)]
+    viewers: usize,
+    /// The image (else $DORMOUSE_TEST_IMAGE).
+    #[arg(long)]
+    image: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-screen: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn rect_bytes(rects: &[Rect]) -> u64 {
+    4 + rects
+        .iter()
+        .map(|r| 12 + r.pixels.len() as u64)
+        .sum::<u64>()
+}
+
+async fn viewer(broker: &BrokerProcess, grant: &ScreenGrant) -> Result<RfbViewer> {
+    let mut v = RfbViewer::connect(
+        &format!("ws://{}{}", broker.addr(), grant.websocket),
+        &grant.token,
+        TokenIn::Subprotocol,
+    )
+    .await?;
+    v.handshake().await?;
+    v.send(&set_pixel_format_bgrx()).await?;
+    v.send(&set_encodings(&[0])).await?;
+    Ok(v)
+}
+
+/// Reads one whole-screen update (Raw); returns its byte count.
+async fn full_update(v: &mut RfbViewer) -> Result<u64> {
+    v.send(&update_request(false, 0, 0, W, H)).await?;
+    let mut covered = 0usize;
+    let mut bytes = 0;
+    while covered < usize::from(W) * usize::from(H) {
+        let rects = v.read_update().await?;
+        bytes += rect_bytes(&rects);
+        covered += rects
+            .iter()
+            .filter(|r| r.encoding == 0)
+            .map(|r| usize::from(r.w) * usize::from(r.h))
+            .sum::<usize>();
+    }
+    Ok(bytes)
+}
+
+/// Like noVNC: an incremental request after every update, for `window`;
+/// bytes and updates received after the first whole frame.
+async fn watch(mut v: RfbViewer, window: Duration) -> Result<(u64, u32)> {
+    full_update(&mut v).await?;
+    let until = Instant::now() + window;
+    let (mut bytes, mut updates) = (0u64, 0u32);
+    v.send(&update_request(true, 0, 0, W, H)).await?;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match tokio::time::timeout(left, v.read_update()).await {
+            Ok(rects) => {
+                let rects = rects?;
+                bytes += rect_bytes(&rects);
+                updates += 1;
+                v.send(&update_request(true, 0, 0, W, H)).await?;
+            }
+            Err(_) => break,
+        }
+    }
+    Ok((bytes, updates))
+}
+
+fn kbit_s(bytes: u64, window: Duration) -> f64 {
+    bytes as f64 * 8.0 / 1000.0 / window.as_secs_f64()
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+fn ticks_per_second() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64)
+}
+
+async fn mint(api: &ApiClient, id: uuid::Uuid, mode: ScreenMode) -> Result<ScreenGrant> {
+    Ok(api
+        .create_screen(
+            id,
+            &CreateScreen {
+                mode,
+                ttl_ms: Some(3_600_000),
+            },
+        )
+        .await?)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let image = args
+        .image
+        .clone()
+        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
+        .context("--image or DORMOUSE_TEST_IMAGE")?;
+    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+    let api = broker.client();
+    let mut events = EventStream::open(&api).await?;
+    let created = api
+        .create(&CreateComputer {
+            name: Some("bench-screen".into()),
+            ..CreateComputer::default()
+        })
+        .await?;
+    let id = created.id;
+    api.wait_ready(&mut events, id, Duration::from_secs(180))
+        .await?;
+    let guest = Guest::for_computer(id);
+    // Let the first paint settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let view = mint(&api, id, ScreenMode::View).await?;
+
+    // ---- first frame --------------------------------------------------------
+    let mut firsts = Vec::new();
+    for _ in 0..args.runs {
+        let started = Instant::now();
+        let mut v = viewer(&broker, &view).await?;
+        let bytes = full_update(&mut v).await?;
+        firsts.push((started.elapsed(), bytes));
+        v.close().await;
+    }
+    let mut first_ms: Vec<f64> = firsts
+        .iter()
+        .map(|(d, _)| d.as_secs_f64() * 1000.0)
+        .collect();
+    first_ms.sort_by(f64::total_cmp);
+    println!(
+        "first complete framebuffer update (WebSocket open -> last byte, Raw {}x{}, {} bytes): median {:.0} ms, min {:.0}, max {:.0} (target <= 150 ms)",
+        W, H, firsts[0].1, first_ms[first_ms.len() / 2], first_ms[0], first_ms[first_ms.len() - 1]
+    );
+
+    // ---- bandwidth: static ------------------------------------------------
+    let window = Duration::from_secs(args.window);
+    let (bytes, updates) = watch(viewer(&broker, &view).await?, window).await?;
+    println!(
+        "static screen, one viewer, {}s window: {:.2} kbit/s ({bytes} bytes, {updates} updates) (target <= 10 kbit/s; noVNC #1986: ~1.1 Mbit/s for a slowly changing screen)",
+        args.window,
+        kbit_s(bytes, window)
+    );
+
+    // ---- bandwidth: a clock -----------------------------------------------
+    guest
+        .sh_detached(
+            GuestUser::Desk,
+            "exec xterm -geometry 40x5+900+40 -e sh -c 'while :; do date +%T; sleep 1; done'",
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (bytes, updates) = watch(viewer(&broker, &view).await?, window).await?;
+    println!(
+        "changing screen (a terminal clock, 1 update/s), one viewer, {}s window: {:.2} kbit/s ({bytes} bytes, {updates} updates; Raw encoding)",
+        args.window,
+        kbit_s(bytes, window)
+    );
+
+    // ---- action -> first update showing it -------------------------------
+    let control = mint(&api, id, ScreenMode::Control).await?;
+    let mut c = viewer(&broker, &control).await?;
+    full_update(&mut c).await?;
+    let mut delays = Vec::new();
+    for i in 0..args.runs {
+        let (x, y) = (200 + 80 * u16::try_from(i % 8).unwrap_or(0), 300u16);
+        // Drain whatever is pending, then act.
+        c.send(&update_request(true, 0, 0, W, H)).await?;
+        let _ = tokio::time::timeout(Duration::from_millis(300), c.read_update()).await;
+        let started = Instant::now();
+        c.send(&pointer_event(0, x, y)).await?;
+        c.send(&update_request(true, 0, 0, W, H)).await?;
+        let shown = loop {
+            let rects = tokio::time::timeout(Duration::from_secs(5), c.read_update())
+                .await
+                .context("no update showed the pointer move")??;
+            if rects
+                .iter()
+                .any(|r| r.encoding == 0 && x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h)
+            {
+                break started.elapsed();
+            }
+            c.send(&update_request(true, 0, 0, W, H)).await?;
+        };
+        delays.push(shown.as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    delays.sort_by(f64::total_cmp);
+    println!(
+        "pointer move through a control capability -> first update drawing the pointer there: median {:.0} ms, min {:.0}, max {:.0}",
+        delays[delays.len() / 2],
+        delays[0],
+        delays[delays.len() - 1]
+    );
+    c.close().await;
+
+    // ---- many viewers -----------------------------------------------------
+    let pid = broker.pid().context("broker pid")?;
+    let mut viewers = Vec::new();
+    for _ in 0..args.viewers {
+        viewers.push(viewer(&broker, &view).await?);
+    }
+    let many_window = Duration::from_secs(args.window.min(10));
+    let cpu0 = cpu_ticks(pid)?;
+    let t0 = Instant::now();
+    let tasks: Vec<_> = viewers
+        .into_iter()
+        .map(|v| tokio::spawn(watch(v, many_window)))
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await??);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = (cpu_ticks(pid)? - cpu0) as f64 / ticks_per_second();
+    let rates: Vec<f64> = results
+        .iter()
+        .map(|(b, _)| kbit_s(*b, many_window))
+        .collect();
+    let updates: Vec<u32> = results.iter().map(|(_, u)| *u).collect();
+    println!(
+        "{} viewers on the changing screen for {:?} (each starting with a whole Raw frame): broker CPU {:.0} % of one core ({cpu:.2} s over {wall:.1} s; target < 100 %); updates per viewer {:?}; kbit/s per viewer min {:.1} max {:.1}",
+        args.viewers,
+        many_window,
+        cpu / wall * 100.0,
+        updates,
+        rates.iter().copied().fold(f64::INFINITY, f64::min),
+        rates.iter().copied().fold(0.0, f64::max),
+    );
+    Ok(())
+}
