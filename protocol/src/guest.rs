@@ -171,6 +171,12 @@ crate::guest_protocol! {
         } -> Quiesced;
         /// Input idle time and busy processes.
         "activity" => Activity -> Activity;
+        /// Run a batch of computer-use actions in order, stopping at the
+        /// first failure ([`crate::actions`]).
+        "actions" => Actions {
+            /// The batch, validated again by the supervisor.
+            batch: crate::actions::ActionBatch,
+        } -> crate::actions::GuestActionResults;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -188,6 +194,9 @@ crate::guest_protocol! {
         "quiesced" => Quiesced(Quiesced);
         /// Answer to [`Request::Activity`].
         "activity" => Activity(Activity);
+        /// Answer to [`Request::Actions`]: the results, their images one
+        /// after the other as the frame's payload.
+        "action_results" => ActionResults(crate::actions::GuestActionResults), payload;
     }
 }
 
@@ -206,7 +215,8 @@ mod tests {
                 "watch",
                 "screenshot",
                 "quiesce",
-                "activity"
+                "activity",
+                "actions"
             ]
         );
         assert_eq!(
@@ -217,6 +227,7 @@ mod tests {
                 "screenshot",
                 "quiesced",
                 "activity",
+                "action_results",
                 "error"
             ]
         );

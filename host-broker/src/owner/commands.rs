@@ -43,7 +43,7 @@ impl<T> Answer<T> {
 }
 
 /// Fencing generation and the command's own input.
-type Fenced<T> = (Uuid, Fence, T);
+pub(super) type Fenced<T> = (Uuid, Fence, T);
 
 impl Owner {
     pub(super) fn on_command(&mut self, command: Command) {
@@ -63,6 +63,9 @@ impl Owner {
             Command::Patch(id, patch, fence, reply) => self.patch((id, fence, patch), reply).send(),
             Command::Lease(id, request, reply) => self.lease((id, request), reply).send(),
             Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
+            Command::Actions(id, fence, batch, reply) => {
+                self.actions((id, fence, batch), reply).send();
+            }
             Command::Orphans(reply) => self.orphans((), reply).send(),
         }
     }
@@ -84,7 +87,7 @@ impl Owner {
 
     /// The checks every mutating call on a computer passes first: it exists,
     /// is not being removed or taken over, and the caller's generation fences.
-    fn admit(&mut self, id: Uuid, fence: Fence) -> Result<&mut Computer, BrokerError> {
+    pub(super) fn admit(&mut self, id: Uuid, fence: Fence) -> Result<&mut Computer, BrokerError> {
         let c = self
             .computers
             .get_mut(&id)
