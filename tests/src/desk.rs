@@ -69,6 +69,8 @@ document.addEventListener('keydown', e => { if (!(e.key in held)) held[e.key] = 
 document.addEventListener('keyup', e => {
   if (e.key in held) { s.hold = [e.key, Math.round(e.timeStamp - held[e.key])]; delete held[e.key]; report(); }
 });
+document.addEventListener('mousedown', e => { s.md = [e.target.id, e.clientX, e.clientY, e.button]; report(); });
+t.focus();
 report();
 </script></body></html>"#;
 
