@@ -121,12 +121,16 @@ async fn run(args: Args) -> Result<()> {
     )
     .await?;
     let batch = |v: serde_json::Value| -> Result<ActionBatch> { Ok(serde_json::from_value(v)?) };
-    api.actions(
-        id,
-        &batch(json!({"actions": [{"action": "mouse_move", "coordinate": [640, 400]}]}))?,
-    )
-    .await?;
-    let state = page_state_when(&guest, Duration::from_secs(10), |s| s["o"].is_array()).await?;
+    let mut state = desk::page_state(&guest).await?;
+    for i in 0..40 {
+        let x = 500 + (i % 2) * 40;
+        let step = batch(json!({"actions": [{"action": "mouse_move", "coordinate": [x, 400]}]}))?;
+        api.actions(id, &step).await?;
+        state = page_state_when(&guest, Duration::from_millis(500), |s| s["o"].is_array()).await?;
+        if state["o"].is_array() {
+            break;
+        }
+    }
     let (ox, oy) = (
         state["o"][0].as_i64().context("origin")?,
         state["o"][1].as_i64().context("origin")?,
