@@ -298,6 +298,16 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         "scroll right: {state}"
     );
 
+    // Back to the top: the line below is where the page drew it.
+    ok(
+        &api,
+        id,
+        json!({"actions": [{"action": "scroll", "scroll_direction": "up", "scroll_amount": 10},
+                           {"action": "scroll", "scroll_direction": "left", "scroll_amount": 10},
+                           {"action": "wait", "duration": 0.8}]}),
+    )
+    .await?;
+
     // A key held for 0.6 s, and a triple click that selects the line.
     ok(
         &api,
