@@ -316,7 +316,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
                            {"action": "triple_click", "coordinate": [ox + 120, oy + 460]}]}),
     )
     .await?;
-    let state = page_state_when(&guest, SEEN, |s| s["sel"].is_string()).await?;
+    let state = page_state_when(&guest, SEEN, |s| {
+        s["sel"].as_str().is_some_and(|t| t.contains("quick"))
+    })
+    .await?;
     ensure!(
         state["hold"][0] == "Shift" && state["hold"][1].as_i64().unwrap_or(0) >= 550,
         "hold_key: {state}"
