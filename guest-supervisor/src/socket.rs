@@ -8,8 +8,8 @@
 //! supervisor's own, so every start recovers from what a previous one, or a
 //! hostile guest root, left there), accepting connections, reading bounded
 //! frames and answering requests (`hello`, `status`, `watch`, `screenshot`,
-//! `quiesce`, `activity`; `exec` and `pty_open` are served on their
-//! connection by [`crate::exec_socket`]). Everything a client sends is hostile until
+//! `quiesce`, `activity`, `actions`; `exec` and `pty_open` are served on
+//! their connection by [`crate::exec_socket`]). Everything a client sends is hostile until
 //! parsed: the 8-byte header is bounds-checked before anything is allocated,
 //! every read and write has a deadline (the shared
 //! [`dormouse_protocol::stream`] reader and writer), connections are capped,
@@ -42,8 +42,9 @@ use crate::state::{QuiesceRequest, StatusCell};
 
 /// Largest request message the supervisor reads. Requests are a few dozen
 /// bytes; the protocol's general limit ([`dormouse_protocol::MAX_HEADER_LEN`])
-/// would let 64 clients pin 16 MiB of a 4 MiB supervisor. Only `exec` and
-/// `pty_open` may be larger (up to [`MAX_EXEC_MESSAGE`], stdin up to
+/// would let 64 clients pin 16 MiB of a 4 MiB supervisor. Only `exec`,
+/// `pty_open` and `actions` (a batch carries up to
+/// [`dormouse_protocol::actions::MAX_BATCH_TEXT_BYTES`] of text) may be larger (up to [`MAX_EXEC_MESSAGE`], stdin up to
 /// [`MAX_EXEC_PAYLOAD`]), and only within the exec budget, reserved from
 /// the frame's header before its body is read.
 pub const MAX_REQUEST_LEN: u32 = 4 * 1024;
@@ -397,7 +398,7 @@ type Incoming = (Request, Vec<u8>, Option<Reservation>);
 ///
 /// The header is read first: a frame over [`MAX_REQUEST_LEN`] or with a
 /// payload is read only within the exec budget (refused `busy` when it is
-/// spent), and must then turn out to be `exec` or `pty_open`.
+/// spent), and must then turn out to be `exec`, `pty_open` or `actions`.
 async fn read_request<R: AsyncRead + Unpin>(
     r: &mut R,
     idle: Duration,
@@ -457,7 +458,10 @@ async fn read_request<R: AsyncRead + Unpin>(
     let mut whole = (&head[..]).chain(&mut *r);
     match stream::read_frame::<Request, _>(&mut whole, &limits).await {
         Ok(frame) => {
-            let may_be_large = matches!(frame.message, Request::Exec(_) | Request::PtyOpen(_));
+            let may_be_large = matches!(
+                frame.message,
+                Request::Exec(_) | Request::PtyOpen(_) | Request::Actions { .. }
+            );
             if header.message_len > MAX_REQUEST_LEN && !may_be_large {
                 return Err(FrameError::MessageTooLarge {
                     len: header.message_len,
@@ -591,7 +595,53 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
             Response::error("bad_request", "served on its own connection"),
             Vec::new(),
         ),
+        Request::Actions { batch } => actions(batch, &shared.config).await,
     }
+}
+
+/// One batch at a time on the display: two clients' actions never
+/// interleave.
+static ACTION_BATCH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs a batch of actions ([`crate::input::execute`], bounded by
+/// [`crate::input::batch_bound`] and the wait for the batch before it):
+/// the results as the answer, the images one after the other as the
+/// payload. A batch validation refuses is `invalid_actions` and ran not at
+/// all; the images are bounded by validation
+/// ([`dormouse_protocol::actions::MAX_IMAGES`]) and while encoding
+/// ([`dormouse_protocol::MAX_PAYLOAD_LEN`] together).
+async fn actions(
+    batch: dormouse_protocol::actions::ActionBatch,
+    config: &Config,
+) -> (Response, Vec<u8>) {
+    let bound = crate::input::batch_bound(config, &batch);
+    let started = Instant::now();
+    let run = async {
+        let _turn = ACTION_BATCH.lock().await;
+        crate::input::execute(config, batch, crate::input::InputOptions::default()).await
+    };
+    // Twice the batch's own bound: once for a batch ahead of it, once for
+    // itself (whose hang guard is the bound).
+    let outcome = match tokio::time::timeout(bound.saturating_mul(2), run).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) => return (Response::error(e.code(), e.to_string()), Vec::new()),
+        Err(_) => {
+            let message = format!("the batch did not end within {:?}", bound.saturating_mul(2));
+            return (Response::error("timeout", message), Vec::new());
+        }
+    };
+    let total = outcome.images.iter().map(Vec::len).sum();
+    let mut payload = Vec::with_capacity(total);
+    for image in outcome.images {
+        payload.extend_from_slice(&image);
+    }
+    tracing::debug!(
+        actions = outcome.answer.results.len(),
+        image_bytes = total,
+        elapsed_ms = crate::millis(started.elapsed()),
+        "actions"
+    );
+    (outcome.answer.into_response(), payload)
 }
 
 /// Hands a quiesce to the service runner and waits for its answer within

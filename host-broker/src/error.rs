@@ -24,6 +24,10 @@ pub enum BrokerError {
     /// The request is malformed or out of range.
     #[error("{0}")]
     BadRequest(String),
+    /// A batch of actions refused before anything ran; the message names
+    /// the action's index and field.
+    #[error("{0}")]
+    InvalidActions(String),
     /// The computer is not in a state that allows this (e.g. start while running).
     #[error("{0}")]
     WrongState(String),
@@ -84,6 +88,7 @@ impl BrokerError {
         match self {
             Self::NotFound(id) => Self::NotFound(*id),
             Self::BadRequest(m) => Self::BadRequest(m.clone()),
+            Self::InvalidActions(m) => Self::InvalidActions(m.clone()),
             Self::WrongState(m) => Self::WrongState(m.clone()),
             Self::NotResumable(m) => Self::NotResumable(m.clone()),
             Self::StaleGeneration { given, current } => Self::StaleGeneration {

@@ -395,6 +395,33 @@ impl GuestConnection {
         Ok(answer.payload)
     }
 
+    /// Runs a batch of actions, waiting up to `wait` for its answer: the
+    /// results and the payload holding their images. The results may be
+    /// as many as a batch has actions (more than [`Taming::GUEST`] keeps of
+    /// a list); whether they fit the batch is the caller's to check.
+    pub async fn actions(
+        &mut self,
+        batch: dormouse_protocol::actions::ActionBatch,
+        wait: Duration,
+    ) -> Result<Frame<dormouse_protocol::actions::GuestActionResults>, GuestError> {
+        type Answer = dormouse_protocol::actions::GuestActionResults;
+        self.send(&call::Actions { batch }.into()).await?;
+        let limits = ReadLimits {
+            taming: Some(Taming {
+                max_items: dormouse_protocol::actions::MAX_ACTIONS,
+                ..Taming::GUEST
+            }),
+            ..ReadLimits::new(Some(wait), FRAME_BODY_TIMEOUT)
+        };
+        let answer: Frame<Response> = stream::read_frame(&mut self.stream, &limits)
+            .await
+            .map_err(GuestError::from_stream)?;
+        Ok(Frame {
+            message: typed::<Answer>(<call::Actions as Call>::KIND, answer.message)?,
+            payload: answer.payload,
+        })
+    }
+
     /// Turns the connection into a `watch` stream.
     pub async fn watch(mut self) -> Result<GuestWatch, GuestError> {
         self.send(&call::Watch.into()).await?;

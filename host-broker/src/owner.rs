@@ -19,6 +19,7 @@
 //! helpers; desktops keep running, and an interrupted stop is finished by the
 //! next start-up's reconciliation (its intent is on disk).
 
+mod actions;
 mod commands;
 mod computer;
 mod exec;

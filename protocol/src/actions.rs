@@ -44,6 +44,13 @@ pub const MAX_DURATION_SECS: f64 = 30.0;
 /// Longest sum of the durations of one batch, in seconds: a batch must end
 /// well within a client's patience and the broker's request bound.
 pub const MAX_BATCH_DURATION_SECS: f64 = 60.0;
+/// Most bytes of text of one batch, all its `text` fields together: the
+/// batch must fit one guest-socket message ([`crate::MAX_HEADER_LEN`])
+/// whatever its escaping, and its typing must end within the bounds.
+pub const MAX_BATCH_TEXT_BYTES: usize = 96 * 1024;
+/// Most `screenshot` and `zoom` actions of one batch: their images are held
+/// together until the batch answers.
+pub const MAX_IMAGES: usize = 10;
 /// Most wheel clicks of one `scroll`.
 pub const MAX_SCROLL_AMOUNT: u32 = 100;
 /// Most keys of one combination (`ctrl+shift+alt+t` is 4) and most
@@ -641,6 +648,12 @@ pub enum BatchError {
     /// The durations add up to more than [`MAX_BATCH_DURATION_SECS`].
     #[error("the durations of the batch add up to {0} s, at most {MAX_BATCH_DURATION_SECS} s")]
     TooLong(f64),
+    /// The `text` fields add up to more than [`MAX_BATCH_TEXT_BYTES`].
+    #[error("the texts of the batch add up to {0} bytes, at most {MAX_BATCH_TEXT_BYTES}")]
+    TooMuchText(usize),
+    /// More than [`MAX_IMAGES`] `screenshot` and `zoom` actions.
+    #[error("a batch takes at most {MAX_IMAGES} screenshots and zooms, this one {0}")]
+    TooManyImages(usize),
     /// One action is invalid.
     #[error("actions[{index}] ({action}): {field}: {problem}")]
     Action {
@@ -812,6 +825,7 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
         }
     };
     let mut total = 0.0;
+    let (mut text, mut images) = (0usize, 0usize);
     for (index, action) in batch.actions.iter().enumerate() {
         let fail = |field: &'static str, problem: Problem| BatchError::Action {
             index,
@@ -821,9 +835,25 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
         };
         check_action(action, space.caller).map_err(|(f, p)| fail(f, p))?;
         total += action.duration();
+        text = text.saturating_add(action.modifiers().map_or(0, str::len));
+        match action {
+            Action::Key { text: t }
+            | Action::HoldKey { text: t, .. }
+            | Action::Type { text: t } => {
+                text = text.saturating_add(t.len());
+            }
+            Action::Screenshot {} | Action::Zoom { .. } => images += 1,
+            _ => {}
+        }
     }
     if total > MAX_BATCH_DURATION_SECS {
         return Err(BatchError::TooLong(total));
+    }
+    if text > MAX_BATCH_TEXT_BYTES {
+        return Err(BatchError::TooMuchText(text));
+    }
+    if images > MAX_IMAGES {
+        return Err(BatchError::TooManyImages(images));
     }
     Ok(space)
 }
@@ -1256,6 +1286,21 @@ mod tests {
             json!({"actions": [{"action": "screenshot"}], "scale": {"width": 0, "height": 10}}),
         );
         assert!(matches!(e, BatchError::BadScale { .. }));
+    }
+
+    #[test]
+    fn validation_bounds_the_whole_batch_text_and_images() {
+        let half = "a".repeat(MAX_BATCH_TEXT_BYTES / 2);
+        let e = refusal(json!({"actions": [
+            {"action": "type", "text": half}, {"action": "type", "text": half},
+            {"action": "key", "text": "a"}]}));
+        assert_eq!(e, BatchError::TooMuchText(MAX_BATCH_TEXT_BYTES + 1));
+        let shots = |n: usize| json!({"actions": vec![json!({"action": "screenshot"}); n]});
+        assert!(validate(&batch(shots(MAX_IMAGES)), Some(SCREEN)).is_ok());
+        assert_eq!(
+            refusal(shots(MAX_IMAGES + 1)),
+            BatchError::TooManyImages(11)
+        );
     }
 
     #[test]

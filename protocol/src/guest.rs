@@ -179,6 +179,12 @@ crate::guest_protocol! {
         /// connection carries `PtyInput` and `PtyEvent` frames until
         /// `pty_exit`.
         "pty_open" => PtyOpen(crate::exec::PtyOpen) -> PtyOpened;
+        /// Run a batch of computer-use actions in order, stopping at the
+        /// first failure ([`crate::actions`]).
+        "actions" => Actions {
+            /// The batch, validated again by the supervisor.
+            batch: crate::actions::ActionBatch,
+        } -> crate::actions::GuestActionResults;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -205,6 +211,9 @@ crate::guest_protocol! {
             /// Pid of its process in the guest.
             pid: u32,
         } as PtyOpened;
+        /// Answer to [`Request::Actions`]: the results, their images one
+        /// after the other as the frame's payload.
+        "action_results" => ActionResults(crate::actions::GuestActionResults), payload;
     }
 }
 
@@ -225,7 +234,8 @@ mod tests {
                 "quiesce",
                 "activity",
                 "exec",
-                "pty_open"
+                "pty_open",
+                "actions"
             ]
         );
         assert_eq!(
@@ -238,6 +248,7 @@ mod tests {
                 "activity",
                 "exec_result",
                 "pty_opened",
+                "action_results",
                 "error"
             ]
         );

@@ -15,6 +15,7 @@
 pub mod broker;
 pub mod browser;
 pub mod client;
+pub mod desk;
 pub mod engine;
 pub mod guest;
 pub mod latency;

@@ -8,6 +8,7 @@
 //! reached, or no desktop matches), 2 usage (clap's, and an id prefix that
 //! matches several desktops).
 
+pub mod actions;
 pub mod escape;
 pub mod exec;
 pub mod files;
@@ -129,7 +130,16 @@ pub enum CliCommand {
         /// Output file.
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: PathBuf,
+        /// Scaled to fit WxH (aspect kept), through a `screenshot` action.
+        #[arg(long, value_name = "WxH", value_parser = actions::parse_scale)]
+        scale: Option<dormouse_protocol::actions::Scale>,
     },
+    /// Run one computer-use action, e.g. `act ID left_click 640 400`.
+    Act(actions::ActArgs),
+    /// Type text exactly, under any keyboard layout.
+    Type(actions::TypeArgs),
+    /// Press key combinations, e.g. `key ID ctrl+l`.
+    Key(actions::KeyArgs),
     /// Renew a desktop's idle timer.
     Touch {
         /// Id, unique id prefix, or name.
@@ -450,7 +460,19 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                 .map_err(stdout)
             }
         }
-        CliCommand::Screenshot { id, output } => {
+        CliCommand::Act(a) => actions::act(&client, a, json, out).await,
+        CliCommand::Type(a) => actions::type_text(&client, a, json, out).await,
+        CliCommand::Key(a) => actions::key(&client, a, json, out).await,
+        CliCommand::Screenshot {
+            id,
+            output,
+            scale: Some(scale),
+        } => actions::scaled_screenshot(&client, &id, scale, &output, json, out).await,
+        CliCommand::Screenshot {
+            id,
+            output,
+            scale: None,
+        } => {
             let id = resolve(&client, &id).await?;
             let png = client.screenshot(id).await?;
             std::fs::write(&output, &png).map_err(|source| CliError::Io {

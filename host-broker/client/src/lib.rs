@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+mod actions;
 mod endpoint;
 mod error;
 mod events;

@@ -95,6 +95,7 @@ impl BrokerError {
         match self {
             Self::NotFound(_) => "not_found",
             Self::BadRequest(_) => "bad_request",
+            Self::InvalidActions(_) => dormouse_protocol::actions::BatchError::CODE,
             Self::WrongState(_) => "wrong_state",
             Self::NotResumable(_) => "not_resumable",
             Self::StaleGeneration { .. } => "stale_generation",
@@ -120,7 +121,7 @@ impl BrokerError {
     pub fn http_status(&self) -> u16 {
         match self.code() {
             "not_found" => 404,
-            "bad_request" => 400,
+            "bad_request" | "invalid_actions" => 400,
             "wrong_state" | "not_resumable" | "stale_generation" | "lease_held" | "capacity" => 409,
             "image" => 422,
             "payload_too_large" => 413,

@@ -12,6 +12,7 @@
 //! them and lists them, so the OpenAPI document can be checked against what
 //! is actually served.
 
+mod actions;
 pub mod auth;
 mod computers;
 pub mod error;
@@ -202,6 +203,12 @@ impl Routes {
                 Method::GET,
                 "/v1/computers/{id}/screenshot",
                 computers::screenshot,
+            )
+            .add(
+                Token,
+                Method::POST,
+                "/v1/computers/{id}/actions",
+                actions::run.layer(DefaultBodyLimit::max(actions::BODY_LIMIT)),
             )
             .add(
                 Token,

@@ -43,7 +43,7 @@ impl<T> Answer<T> {
 }
 
 /// Fencing generation and the command's own input.
-type Fenced<T> = (Uuid, Fence, T);
+pub(super) type Fenced<T> = (Uuid, Fence, T);
 
 impl Owner {
     pub(super) fn on_command(&mut self, command: Command) {
@@ -63,6 +63,9 @@ impl Owner {
             Command::Patch(id, patch, fence, reply) => self.patch((id, fence, patch), reply).send(),
             Command::Lease(id, request, reply) => self.lease((id, request), reply).send(),
             Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
+            Command::Actions(id, fence, batch, reply) => {
+                self.actions((id, fence, batch), reply).send();
+            }
             Command::Orphans(reply) => self.orphans((), reply).send(),
             Command::AdmitExec(id, fence, reply) => self.admit_exec((id, fence), reply).send(),
             Command::Workspace(id, access, reply) => self.workspace((id, access), reply).send(),

@@ -308,6 +308,18 @@ async fn owner(
                     Err(BrokerError::WrongState("the desktop is not ready".into()))
                 }
             }),
+            Command::Actions(id, fence, batch, reply) => answer!(reply, "actions", id, {
+                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                check_fence(c, fence)?;
+                dormouse_protocol::actions::validate(&batch, None)
+                    .map_err(|e| BrokerError::InvalidActions(e.to_string()))?;
+                let results = batch
+                    .actions
+                    .iter()
+                    .map(|a| dormouse_protocol::actions::ActionResult::ok(a.name()))
+                    .collect();
+                Ok(dormouse_protocol::actions::ActionResults { results })
+            }),
             Command::Orphans(reply) => answer!(reply, "orphans", "*", Ok(Vec::new())),
             Command::AdmitExec(id, fence, reply) => answer!(reply, "admit_exec", id, {
                 let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;

@@ -141,6 +141,7 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     }),
                     vec![],
                 ),
+                Request::Actions { batch } => scripted_actions(&batch),
                 Request::Screenshot => (
                     Response::Screenshot {
                         width: 1,
@@ -155,6 +156,41 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
             }
         }
     }
+}
+
+/// Every action succeeds: `cursor_position` is at [1, 2], each image a
+/// tiny fake PNG of the payload.
+fn scripted_actions(batch: &dormouse_protocol::actions::ActionBatch) -> (Response, Vec<u8>) {
+    use dormouse_protocol::actions::{ActionImage, ActionName, ActionResult, GuestActionResults};
+    let png = b"\x89PNG\r\n\x1a\nfake";
+    let mut answer = GuestActionResults {
+        results: vec![],
+        image_lens: vec![],
+    };
+    let mut payload = Vec::new();
+    for action in &batch.actions {
+        let name = action.name();
+        answer.results.push(match name {
+            ActionName::CursorPosition => ActionResult {
+                coordinate: Some([1, 2]),
+                ..ActionResult::ok(name)
+            },
+            ActionName::Screenshot | ActionName::Zoom => {
+                payload.extend_from_slice(png);
+                answer.image_lens.push(png.len() as u64);
+                ActionResult {
+                    image: Some(ActionImage {
+                        media_type: "image/png".into(),
+                        data: String::new(),
+                    }),
+                    size: Some([1, 1]),
+                    ..ActionResult::ok(name)
+                }
+            }
+            _ => ActionResult::ok(name),
+        });
+    }
+    (Response::ActionResults(answer), payload)
 }
 
 async fn serve(listener: UnixListener, script: Arc<Script>) {
@@ -393,6 +429,7 @@ fn mutations_of(fake: &FakeEngine, verb: &str) -> usize {
         .count()
 }
 
+mod actions;
 mod fencing;
 mod hostile;
 mod idle;

@@ -1,0 +1,45 @@
+//! `POST /v1/computers/{id}/actions`: a batch of computer-use actions.
+//!
+//! Parses the body strictly into an [`ActionBatch`] (a parse error is a
+//! `400 invalid_actions` naming the action's index) and hands it to the
+//! core; it never validates beyond the shape (the core does, before
+//! anything runs) and never talks to the guest.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use dormouse_protocol::actions::{ActionBatch, ActionResults, BatchError};
+
+use super::error::HttpError;
+use super::extract::{ComputerId, Generation};
+use super::ApiState;
+
+/// Largest body of a batch: a hundred actions and their texts, escaped as
+/// a client may escape them (`\u00fc` is six bytes for two).
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// `POST /v1/computers/{id}/actions` (fenced): the results of the actions
+/// that ran, in order.
+pub async fn run(
+    State(state): State<ApiState>,
+    ComputerId(id): ComputerId,
+    Generation(fence): Generation,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<ActionResults>, HttpError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::payload_too_large(BODY_LIMIT)
+        } else {
+            HttpError::bad_request("the request body could not be read")
+        }
+    })?;
+    let batch: ActionBatch = serde_json::from_slice(&body).map_err(|e| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            BatchError::CODE,
+            format!("malformed batch: {e}"),
+        )
+    })?;
+    Ok(Json(state.broker.actions(id, fence, batch).await?))
+}

@@ -1,0 +1,167 @@
+//! The `actions` command: a batch of computer-use actions relayed to the
+//! guest, fenced like every mutating call.
+//!
+//! Owns the order of the checks (the computer exists, the generation
+//! fences, the desktop is ready, the batch is valid), the renewal of the
+//! idle timer, and the check of what the guest answers against the batch
+//! it was sent. The guest call runs in a task of its own, so a long batch
+//! never holds the owner. It never executes an action itself and never
+//! trusts the guest's answer: results that do not fit the batch are the
+//! guest's failure, not the client's answer.
+
+use std::time::Duration;
+
+use dormouse_protocol::actions::{
+    self, Action, ActionBatch, ActionName, ActionResults, BatchError, GuestActionResults,
+};
+use tokio::time::Instant;
+
+use super::commands::{Answer, Fenced};
+use super::Owner;
+use crate::command::Reply;
+use crate::error::BrokerError;
+use crate::guest::{self, GuestError};
+
+impl Owner {
+    /// Admits, validates and relays a batch; the answer comes from the task.
+    pub(super) fn actions(
+        &mut self,
+        (id, fence, batch): Fenced<ActionBatch>,
+        reply: Reply<ActionResults>,
+    ) -> Answer<ActionResults> {
+        let c = match self.admit(id, fence) {
+            Ok(c) => c,
+            Err(e) => return Answer::Now(reply, Err(e)),
+        };
+        if !c.is_ready() {
+            let e = BrokerError::WrongState("the desktop is not ready".into());
+            return Answer::Now(reply, Err(e));
+        }
+        // Before anything runs; the guest checks again against its screen.
+        if let Err(e) = actions::validate(&batch, None) {
+            return Answer::Now(reply, Err(BrokerError::InvalidActions(e.to_string())));
+        }
+        // The call is activity, and so is the time its own waits take: the
+        // quiet window begins after them at the earliest. The input it
+        // injects counts as the guest's input on top.
+        let durations = Duration::from_secs_f64(batch_durations(&batch));
+        c.idle.renew(Instant::now() + durations);
+        self.dirty.insert(id);
+        let socket = self.ctx.socket(id);
+        self.tasks.spawn(async move {
+            let wait = answer_bound(&batch);
+            let names: Vec<ActionName> = batch.actions.iter().map(Action::name).collect();
+            let call = async {
+                let mut conn = socket.connect().await?;
+                conn.actions(batch, wait).await
+            };
+            let result = match tokio::time::timeout(guest::CONNECT_TIMEOUT + wait, call).await {
+                Ok(Ok(frame)) => fit(&names, frame.message, &frame.payload),
+                Ok(Err(GuestError::Refused { code, message })) if code == BatchError::CODE => {
+                    Err(BrokerError::InvalidActions(message))
+                }
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(BrokerError::GuestFailed(
+                    "the batch of actions did not answer in time".into(),
+                )),
+            };
+            let _ = reply.send(result);
+        });
+        Answer::Later
+    }
+}
+
+/// The seconds the batch's `wait` and `hold_key` actions take.
+fn batch_durations(batch: &ActionBatch) -> f64 {
+    batch
+        .actions
+        .iter()
+        .map(Action::duration)
+        .sum::<f64>()
+        .clamp(0.0, actions::MAX_BATCH_DURATION_SECS)
+}
+
+/// How long the broker waits for a batch's answer: generously above the
+/// supervisor's own bound (10 s, the durations, 5 ms per byte of text, a
+/// screenshot bound per image), plus a batch that may run ahead of it.
+pub fn answer_bound(batch: &ActionBatch) -> Duration {
+    let mut bound = Duration::from_secs(15) + Duration::from_secs_f64(batch_durations(batch));
+    for action in &batch.actions {
+        match action {
+            Action::Type { text } | Action::Key { text } | Action::HoldKey { text, .. } => {
+                let bytes = u32::try_from(text.len()).unwrap_or(u32::MAX);
+                bound += Duration::from_millis(5).saturating_mul(bytes) + Duration::from_secs(1);
+            }
+            Action::Screenshot {} | Action::Zoom { .. } => bound += guest::SCREENSHOT_TIMEOUT,
+            _ => {}
+        }
+    }
+    bound.saturating_mul(2)
+}
+
+/// The guest's answer as the API's, if it fits the batch: one result per
+/// action that ran, in order and of its name, every one but the last `ok`,
+/// fewer than the batch only when the last failed, images only where a
+/// `screenshot` or `zoom` succeeded, each a PNG of the payload.
+fn fit(
+    names: &[ActionName],
+    answer: GuestActionResults,
+    payload: &[u8],
+) -> Result<ActionResults, BrokerError> {
+    let bad = |why: String| {
+        Err(BrokerError::GuestFailed(format!(
+            "the answer to the batch does not fit it: {why}"
+        )))
+    };
+    let results = &answer.results;
+    if results.is_empty() || results.len() > names.len() {
+        return bad(format!(
+            "{} results for {} actions",
+            results.len(),
+            names.len()
+        ));
+    }
+    let last = results.len() - 1;
+    for (i, (r, name)) in results.iter().zip(names).enumerate() {
+        if r.action != *name {
+            return bad(format!("result {i} is for {}, not {name}", r.action));
+        }
+        if r.ok == r.error.is_some() || (!r.ok && i != last) {
+            return bad(format!(
+                "result {i} is neither a success nor the last failure"
+            ));
+        }
+        let imaging = matches!(name, ActionName::Screenshot | ActionName::Zoom) && r.ok;
+        if r.image.is_some() != imaging || r.size.is_some() != imaging {
+            return bad(format!("result {i} has an image where none belongs"));
+        }
+        if r.image
+            .as_ref()
+            .is_some_and(|m| m.media_type != "image/png")
+        {
+            return bad(format!("result {i} has an image that is not image/png"));
+        }
+        if r.coordinate.is_some() != (*name == ActionName::CursorPosition && r.ok) {
+            return bad(format!("result {i} has a coordinate where none belongs"));
+        }
+    }
+    if results.len() < names.len() && results[last].ok {
+        return bad("the batch stopped without a failure".into());
+    }
+    // Each image is a PNG: its bytes begin with the signature.
+    let mut rest = payload;
+    for len in &answer.image_lens {
+        let Some(len) = usize::try_from(*len).ok().filter(|l| *l <= rest.len()) else {
+            break; // into_api names the mismatch
+        };
+        let (image, tail) = rest.split_at(len);
+        if !image.starts_with(b"\x89PNG\r\n\x1a\n") {
+            return bad("an image that is not a PNG".into());
+        }
+        rest = tail;
+    }
+    match answer.into_api(payload) {
+        Ok(api) => Ok(api),
+        Err(e) => bad(e.to_string()),
+    }
+}

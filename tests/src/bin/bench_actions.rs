@@ -1,0 +1,367 @@
+//! `dormouse-bench-actions` (run through `scripts/bench-actions`): the cost
+//! of computer-use actions on one real desktop, side by side in one run
+//! with the way other systems do it, `docker exec … xdotool`.
+//!
+//! Measured: one `left_click` through the API and on the guest socket
+//! directly; screenshots (the still route, a full and a scaled
+//! `screenshot` action); typing 1000 characters mixing ASCII and non-ASCII
+//! into a Chromium text area, until the page holds them (characters per
+//! second, and how many arrived as sent, counted by the page itself in its
+//! window title, read with `xprop`); and the same click and typing done
+//! with xdotool through `docker exec` (default delay and `--delay 12`).
+//! Targets are printed, never asserted. Everything it creates is removed
+//! on exit.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
+use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::client::{EventStream, Waits as _};
+use dormouse_e2e::desk::{self, page_state_when};
+use dormouse_e2e::guest::{Guest, GuestUser};
+use dormouse_e2e::latency::{ms, Samples};
+use dormouse_protocol::actions::ActionBatch;
+use dormouse_protocol::api::CreateComputer;
+use dormouse_protocol::{Request, Response};
+use serde_json::json;
+use tokio::time::Instant;
+
+const TARGET_CLICK_P50: Duration = Duration::from_millis(30);
+const TARGET_CHARS_PER_S: f64 = 2000.0;
+const TARGET_CLICK_RATIO: f64 = 0.2;
+
+#[derive(Debug, Parser)]
+#[command(about = "Dormouse actions beside docker exec xdotool, on one desktop, in one run")]
+struct Args {
+    /// Desktop image (ID or reference); default $DORMOUSE_TEST_IMAGE or dormouse/desktop:latest.
+    #[arg(long)]
+    image: Option<String>,
+    /// Clicks measured per way.
+    #[arg(long, default_value_t = 40)]
+    clicks: usize,
+    /// Screenshots measured per kind.
+    #[arg(long, default_value_t = 8)]
+    shots: usize,
+    /// Characters typed per typing run.
+    #[arg(long, default_value_t = 1000)]
+    chars: usize,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench-actions: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-actions: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One typing run: how long until the page held every character, and how
+/// many of them arrived as sent.
+struct Typed {
+    elapsed: Duration,
+    matching: u64,
+    length: u64,
+}
+
+impl Typed {
+    fn rate(&self, chars: usize) -> f64 {
+        chars as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let image = args
+        .image
+        .clone()
+        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
+        .unwrap_or_else(|| dormouse_e2e::DEFAULT_IMAGE.into());
+    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+    let api = broker.client();
+    let mut events = EventStream::open(&api).await?;
+    let id = api
+        .create(&CreateComputer {
+            name: Some("bench-actions".into()),
+            ..CreateComputer::default()
+        })
+        .await?
+        .id;
+    api.wait_ready(&mut events, id, Duration::from_secs(120))
+        .await?;
+    let guest = Guest::for_computer(id);
+    let socket = broker
+        .data_dir()
+        .join("computers")
+        .join(id.to_string())
+        .join("run")
+        .join(dormouse_protocol::SOCKET_FILE_NAME);
+    let unit = "Grüße, 世界 ✓ — ¿qué? «ok» Привет abc XYZ 0123 @€{}|~ ";
+    let text: String = unit.chars().cycle().take(args.chars).collect();
+    let non_ascii = text.chars().filter(|c| !c.is_ascii()).count();
+    desk::open_page(
+        &guest,
+        &broker.workspace(id),
+        "bench.html",
+        &desk::page_expecting(&text),
+    )
+    .await?;
+    let batch = |v: serde_json::Value| -> Result<ActionBatch> { Ok(serde_json::from_value(v)?) };
+    let mut state = desk::page_state(&guest).await?;
+    for i in 0..40 {
+        let x = 500 + (i % 2) * 40;
+        let step = batch(json!({"actions": [{"action": "mouse_move", "coordinate": [x, 400]}]}))?;
+        api.actions(id, &step).await?;
+        state = page_state_when(&guest, Duration::from_millis(500), |s| s["o"].is_array()).await?;
+        if state["o"].is_array() {
+            break;
+        }
+    }
+    let (ox, oy) = (
+        state["o"][0].as_i64().context("origin")?,
+        state["o"][1].as_i64().context("origin")?,
+    );
+    // Clicks land on the drag area, which does nothing with them.
+    let (cx, cy) = (ox + 640, oy + 560);
+    let click = batch(json!({"actions": [{"action": "left_click", "coordinate": [cx, cy]}]}))?;
+
+    let mut via_api = Samples::new();
+    for _ in 0..args.clicks {
+        let started = Instant::now();
+        let r = api.actions(id, &click).await?;
+        via_api.push(started.elapsed());
+        ensure!(r.results.iter().all(|r| r.ok), "{r:?}");
+    }
+    let mut via_socket = Samples::new();
+    for _ in 0..args.clicks {
+        let started = Instant::now();
+        let answer = desk::guest_call(
+            &socket,
+            &Request::Actions {
+                batch: click.clone(),
+            },
+        )
+        .await?;
+        via_socket.push(started.elapsed());
+        ensure!(
+            matches!(answer.message, Response::ActionResults(_)),
+            "{:?}",
+            answer.message
+        );
+    }
+    let container = guest.container().to_owned();
+    let mut via_xdotool = Samples::new();
+    let (xs, ys) = (cx.to_string(), cy.to_string());
+    for _ in 0..args.clicks.min(20) {
+        let started = Instant::now();
+        dormouse_e2e::engine::docker_ok(&[
+            "exec",
+            "-u",
+            "1000:1000",
+            "-e",
+            "DISPLAY=:1",
+            &container,
+            "xdotool",
+            "mousemove",
+            &xs,
+            &ys,
+            "click",
+            "1",
+        ])
+        .await?;
+        via_xdotool.push(started.elapsed());
+    }
+
+    let mut still = Samples::new();
+    let mut full = Samples::new();
+    let mut scaled = Samples::new();
+    let shot = batch(json!({"actions": [{"action": "screenshot"}]}))?;
+    let small = batch(
+        json!({"actions": [{"action": "screenshot"}], "scale": {"width": 1024, "height": 768}}),
+    )?;
+    let (mut full_bytes, mut scaled_bytes) = (0, 0);
+    for _ in 0..args.shots {
+        let started = Instant::now();
+        api.screenshot(id).await?;
+        still.push(started.elapsed());
+        let started = Instant::now();
+        let r = api.actions(id, &shot).await?;
+        full.push(started.elapsed());
+        full_bytes = r.results[0]
+            .image
+            .as_ref()
+            .map_or(0, |i| i.data.len() * 3 / 4);
+        let started = Instant::now();
+        let r = api.actions(id, &small).await?;
+        scaled.push(started.elapsed());
+        scaled_bytes = r.results[0]
+            .image
+            .as_ref()
+            .map_or(0, |i| i.data.len() * 3 / 4);
+    }
+
+    // Typing: clear the text area, then send; done when the page holds
+    // every character in place (or has stopped changing for 5 s).
+    let clear = batch(json!({"actions": [
+        {"action": "left_click", "coordinate": [ox + 200, oy + 100]},
+        {"action": "key", "text": "ctrl+a BackSpace"}]}))?;
+    let chars = args.chars as u64;
+    let wait_typed = |started: Instant| {
+        let guest = guest.clone();
+        async move {
+            let mut last = (u64::MAX, Instant::now());
+            loop {
+                let s = desk::page_state(&guest).await?;
+                let (m, n) = (s["m"].as_u64().unwrap_or(0), s["n"].as_u64().unwrap_or(0));
+                if m == chars && n == chars {
+                    return Ok::<_, anyhow::Error>(Typed {
+                        elapsed: started.elapsed(),
+                        matching: m,
+                        length: n,
+                    });
+                }
+                if n != last.0 {
+                    last = (n, Instant::now());
+                } else if last.1.elapsed() > Duration::from_secs(5) {
+                    return Ok(Typed {
+                        elapsed: last.1.duration_since(started),
+                        matching: m,
+                        length: n,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let cleared = |guest: Guest| async move {
+        page_state_when(&guest, Duration::from_secs(10), |s| s["n"] == 0).await
+    };
+    api.actions(id, &clear).await?;
+    cleared(guest.clone()).await?;
+    let started = Instant::now();
+    let typed = api
+        .actions(
+            id,
+            &batch(json!({"actions": [{"action": "type", "text": text}]}))?,
+        )
+        .await?;
+    let answered = started.elapsed();
+    ensure!(typed.results[0].ok, "{:?}", typed.results);
+    let ours = wait_typed(started).await?;
+
+    let mut xdotool_runs = Vec::new();
+    for delay in [None, Some("12")] {
+        api.actions(id, &clear).await?;
+        cleared(guest.clone()).await?;
+        let mut cmd = vec![
+            "exec",
+            "-u",
+            "1000:1000",
+            "-e",
+            "DISPLAY=:1",
+            &container,
+            "xdotool",
+            "type",
+        ];
+        if let Some(d) = delay {
+            cmd.extend(["--delay", d]);
+        }
+        cmd.extend(["--", &text]);
+        let started = Instant::now();
+        dormouse_e2e::engine::docker_ok(&cmd).await?;
+        let run = wait_typed(started).await?;
+        xdotool_runs.push((delay, run));
+    }
+    let _ = guest.sh(GuestUser::Desk, "true").await;
+
+    let p50 = |s: &Samples| s.p50().unwrap_or_default();
+    println!();
+    println!("Dormouse actions on one desktop (1280x800), {} clicks, {} shots, {} chars ({non_ascii} non-ASCII)", args.clicks, args.shots, args.chars);
+    println!();
+    println!("{:<44} {:>9} {:>9} {:>9}", "", "p50", "p95", "max");
+    let row = |name: &str, s: &Samples| {
+        println!(
+            "{name:<44} {:>9} {:>9} {:>9}",
+            ms(s.p50()),
+            ms(s.p95()),
+            ms(s.max())
+        );
+    };
+    row("left_click through the API", &via_api);
+    row("left_click on the guest socket", &via_socket);
+    row("docker exec xdotool mousemove+click", &via_xdotool);
+    row("GET /screenshot (still)", &still);
+    row(
+        &format!("screenshot action, full ({} KB)", full_bytes / 1000),
+        &full,
+    );
+    row(
+        &format!("screenshot action, 1024x640 ({} KB)", scaled_bytes / 1000),
+        &scaled,
+    );
+    println!();
+    println!(
+        "{:<44} {:>10} {:>12} {:>10}",
+        "typing", "time", "chars/s", "exact"
+    );
+    let trow = |name: &str, t: &Typed| {
+        println!(
+            "{name:<44} {:>8.0}ms {:>12.0} {:>6}/{} (length {})",
+            t.elapsed.as_secs_f64() * 1000.0,
+            t.rate(args.chars),
+            t.matching,
+            args.chars,
+            t.length
+        );
+    };
+    trow("type action, until the page holds it", &ours);
+    println!(
+        "{:<44} {:>8.0}ms",
+        "  (the action answered after)",
+        answered.as_secs_f64() * 1000.0
+    );
+    for (delay, run) in &xdotool_runs {
+        let name = match delay {
+            None => "docker exec xdotool type (default delay)".to_owned(),
+            Some(d) => format!("docker exec xdotool type --delay {d}"),
+        };
+        trow(&name, run);
+    }
+    println!();
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let click = p50(&via_api);
+    println!(
+        "target: click p50 through the API <= {} ms: {} ms, {}",
+        TARGET_CLICK_P50.as_millis(),
+        click.as_millis(),
+        verdict(click <= TARGET_CLICK_P50)
+    );
+    let exact = ours.matching == chars && ours.length == chars;
+    println!(
+        "target: typing >= {TARGET_CHARS_PER_S:.0} chars/s, exact: {:.0} chars/s, {}/{} exact, {}",
+        ours.rate(args.chars),
+        ours.matching,
+        args.chars,
+        verdict(exact && ours.rate(args.chars) >= TARGET_CHARS_PER_S)
+    );
+    let ratio = click.as_secs_f64() / p50(&via_xdotool).as_secs_f64().max(1e-9);
+    println!(
+        "target: click ratio API / docker exec xdotool <= {TARGET_CLICK_RATIO}: {ratio:.3}, {}",
+        verdict(ratio <= TARGET_CLICK_RATIO)
+    );
+    Ok(())
+}
