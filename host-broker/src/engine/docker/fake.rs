@@ -111,13 +111,16 @@ struct State {
 /// scripted supervisor binding the socket in the run directory).
 pub type Hook = std::sync::Arc<dyn Fn(&ContainerInfo) + Send + Sync>;
 
+/// A change `create` applies to what it stores.
+type CreateHook = std::sync::Arc<dyn Fn(&mut ContainerInfo) + Send + Sync>;
+
 #[derive(Default)]
 struct Hooks {
     on_start: Option<Hook>,
     on_end: Option<Hook>,
     /// Changes what `create` stores, as an engine that accepts a setting
     /// and does not apply it would.
-    on_create: Option<std::sync::Arc<dyn Fn(&mut ContainerInfo) + Send + Sync>>,
+    on_create: Option<CreateHook>,
 }
 
 impl std::fmt::Debug for Hooks {
