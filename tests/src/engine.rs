@@ -174,6 +174,19 @@ pub async fn kill_now(name: &str) -> Result<Killed> {
     }
 }
 
+/// When the engine says `name` last started (`State.StartedAt`).
+fn last_started(name: &str) -> Option<SystemTime> {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "--format", "{{.State.StartedAt}}", name])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let at = chrono::DateTime::parse_from_rfc3339(text.trim()).ok()?;
+    let nanos = u64::try_from(at.timestamp_nanos_opt()?).ok()?;
+    Some(UNIX_EPOCH + Duration::from_nanos(nanos))
+}
+
 /// A time as `docker events --since` takes it: Unix seconds with nanoseconds.
 pub fn engine_timestamp(at: SystemTime) -> String {
     let since = at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
@@ -195,7 +208,14 @@ pub struct EngineEventRecorder {
 impl EngineEventRecorder {
     /// Starts recording the container events of `name`.
     pub fn start(name: &str) -> Result<Self> {
-        let since = engine_timestamp(SystemTime::now() - Duration::from_millis(500));
+        // Half a second back, but never before the container's last start:
+        // a desktop that got ready within that half second must not have its
+        // own `create` counted as a rebuild.
+        let mut from = SystemTime::now() - Duration::from_millis(500);
+        if let Some(started) = last_started(name) {
+            from = from.max(started + Duration::from_millis(1));
+        }
+        let since = engine_timestamp(from);
         let mut child = Command::new("docker")
             .args([
                 "events",
