@@ -61,7 +61,8 @@ pub async fn inspect(name: &str) -> Result<Option<ContainerFacts>> {
     let out = docker(&["container", "inspect", "--format", format, name]).await?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains("No such") {
+        // Docker says "No such container", Podman "no such container".
+        if stderr.to_ascii_lowercase().contains("no such") {
             return Ok(None);
         }
         bail!("docker inspect {name}: {}", stderr.trim());
