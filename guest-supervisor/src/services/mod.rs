@@ -186,8 +186,25 @@ pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
     if let Ok(tz) = std::env::var("TZ") {
         env.push(("TZ".into(), tz));
     }
+    // The container is the browsers' sandbox (see CHROMIUM_FLAGS): Firefox's
+    // own needs chroot from a user namespace, which an engine's seccomp
+    // profile may refuse, and its content processes then crash.
+    env.extend(
+        FIREFOX_SANDBOX_OFF
+            .iter()
+            .map(|k| ((*k).to_owned(), "1".to_owned())),
+    );
     env
 }
+
+/// Variables that turn Firefox's own process sandboxes off.
+pub const FIREFOX_SANDBOX_OFF: &[&str] = &[
+    "MOZ_DISABLE_CONTENT_SANDBOX",
+    "MOZ_DISABLE_GMP_SANDBOX",
+    "MOZ_DISABLE_RDD_SANDBOX",
+    "MOZ_DISABLE_SOCKET_PROCESS_SANDBOX",
+    "MOZ_DISABLE_UTILITY_SANDBOX",
+];
 
 /// The service table and the problems behind it, shared by the service
 /// tasks; every change is published to the status cell.
