@@ -171,6 +171,8 @@ pub async fn kill_now(name: &str) -> Result<Killed> {
     match status {
         204 => Ok(Killed::Killed),
         409 if body.contains("is not running") => Ok(Killed::NotRunning),
+        // Podman's compatible API: a 500 saying the container is stopped.
+        500 if body.contains("container state improper") => Ok(Killed::NotRunning),
         _ => bail!("engine kill of {name} answered {status}: {}", body.trim()),
     }
 }
