@@ -447,7 +447,18 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let name = format!("dormouse-{id}");
     dormouse_e2e::engine::docker_ok(&["kill", "-s", "KILL", &name]).await?;
     let at = Instant::now();
-    let took = expect_close(&mut k, at, 4001, "revoked: desktop killed").await?;
+    // Behind the broker's back the guest's VNC socket can go before the
+    // engine's event reaches the broker: the viewer then hears that the
+    // desktop's screen closed (4005) rather than why (4001). Either way it is
+    // closed within the bound, and the capability is dead afterwards.
+    let closed: Closed = k.closed(Duration::from_secs(10)).await?;
+    let took = at.elapsed();
+    ensure!(
+        (closed.code == Some(4001) && closed.reason == "revoked: desktop killed")
+            || (closed.code == Some(4005) && closed.reason == "the desktop's screen closed"),
+        "closed with {closed:?} after a kill"
+    );
+    ensure!(took <= REVOKE_WITHIN, "closed {took:?} after the kill");
     expect_refused(broker, &again).await?;
     eprintln!("kill: closed {took:?} after docker kill returned");
     Ok(())
