@@ -185,6 +185,12 @@ async fn floor(image: &str, runs: usize) -> Result<(Samples, Samples)> {
         &format!("{TEST_LABEL}=1"),
         "--network",
         "none",
+        // The desktops' explicit limits (an engine's defaults may be more
+        // than a container may set: Podman's are).
+        "--ulimit",
+        "nofile=16384:16384",
+        "--ulimit",
+        "nproc=8192:8192",
         "--entrypoint",
         "/bin/sleep",
         image,
@@ -376,6 +382,10 @@ async fn shell(image: &str, args: &Args, scratch: &Path) -> Result<DesktopNumber
         &format!("{TEST_LABEL}=1"),
         "--network",
         "none",
+        "--ulimit",
+        "nofile=16384:16384",
+        "--ulimit",
+        "nproc=8192:8192",
         "-v",
         &format!("{}:/dormouse-baseline.sh:ro", script.display()),
         "--entrypoint",
