@@ -461,10 +461,10 @@ fn parse_cpus(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A size for the workspace limits: `10GiB`, `1MiB`, `4096` (binary units;
-/// a bare number is bytes).
+/// A size: `10GiB`, `512MiB`, `4G`, `4096` (binary units; a bare number is
+/// bytes).
 fn parse_size(s: &str) -> Result<u64, String> {
-    let bad = || format!("{s:?} is not a size such as 10GiB or 512MiB");
+    let bad = || format!("{s:?} is not a size such as 4GiB or 512MiB");
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
@@ -480,22 +480,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
-/// `4GiB`, `512MiB`, `4G` (binary units; a bare number is bytes); at least 64 MiB.
+/// A memory limit: a [`parse_size`] of at least 64 MiB that the engine's
+/// signed field holds.
 fn parse_memory(s: &str) -> Result<i64, String> {
-    let bad = || format!("{s:?} is not a size such as 4GiB or 512MiB");
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: i64 = digits.parse().map_err(|_| bad())?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(bad()),
-    };
-    let bytes = n.checked_mul(1i64 << shift).ok_or_else(bad)?;
+    let bytes = i64::try_from(parse_size(s)?).map_err(|_| format!("{s:?} is too large"))?;
     if bytes < 64 << 20 {
         return Err(format!("{s:?} is less than 64MiB"));
     }
