@@ -9,21 +9,12 @@
 
 use std::fmt;
 
-/// Whether `c` must not reach a terminal as it is: C0 controls (newline and
-/// tab included), DEL, C1 controls, the bidi controls and the line and
-/// paragraph separators.
+/// Whether `c` must not reach a terminal as it is: the one definition the
+/// broker also tames guest text with (controls, newline and tab included,
+/// DEL, C1, bidi and zero-width format characters, line and paragraph
+/// separators).
 pub fn is_unsafe(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061C}'
-                | '\u{200E}'
-                | '\u{200F}'
-                | '\u{2028}'
-                | '\u{2029}'
-                | '\u{202A}'..='\u{202E}'
-                | '\u{2066}'..='\u{2069}'
-        )
+    dormouse_protocol::frame::is_hazardous(c)
 }
 
 /// Displays a string with every [unsafe](is_unsafe) character written as an
