@@ -113,6 +113,34 @@ async fn expect_refused(broker: &BrokerProcess, grant: &ScreenGrant) -> Result<(
     }
 }
 
+/// Like [`expect_refused`], for a cause the broker learns from the engine's
+/// event stream: until that event arrives the screen is unreachable (503);
+/// within `REVOKE_WITHIN` of `since` the capability must be refused as
+/// revoked (401). Any other answer, or a connection, fails at once.
+async fn expect_refused_after_event(
+    broker: &BrokerProcess,
+    grant: &ScreenGrant,
+    since: Instant,
+) -> Result<Duration> {
+    loop {
+        match open(broker, grant).await {
+            Ok(_) => bail!("a revoked capability connected again"),
+            Err(e) => {
+                let text = format!("{e:#}");
+                if text.contains("401") {
+                    return Ok(since.elapsed());
+                }
+                ensure!(
+                    text.contains("503") && since.elapsed() <= REVOKE_WITHIN,
+                    "not refused as revoked {:?} after the cause: {text}",
+                    since.elapsed()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The whole framebuffer, BGRX, from one non-incremental update.
 async fn framebuffer(v: &mut RfbViewer) -> Result<Vec<u8>> {
     v.send(&update_request(false, 0, 0, WIDTH, HEIGHT)).await?;
@@ -459,7 +487,7 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         "closed with {closed:?} after a kill"
     );
     ensure!(took <= REVOKE_WITHIN, "closed {took:?} after the kill");
-    expect_refused(broker, &again).await?;
-    eprintln!("kill: closed {took:?} after docker kill returned");
+    let dead = expect_refused_after_event(broker, &again, at).await?;
+    eprintln!("kill: closed {took:?}, refused as revoked {dead:?} after docker kill returned");
     Ok(())
 }
