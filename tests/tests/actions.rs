@@ -225,15 +225,14 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         state["c"][0] == "b" && state["md"][0] == "b" && near(1, expect[0]) && near(2, expect[1]),
         "scaled click at {scaled:?} expected on the button at {expect:?}: {state}"
     );
-    // Known: after clicks, cursor_position has been seen answering the
-    // previous click's point; reported, not yet asserted.
-    if r[2]["coordinate"] != json!([scaled[0] + 3, scaled[1] + 1]) {
-        eprintln!(
-            "KNOWN: cursor_position after a click answered {:?}, moved to {:?}",
-            r[2]["coordinate"],
-            [scaled[0] + 3, scaled[1] + 1]
-        );
-    }
+    // Right after a click (which the window manager's click-to-focus grab
+    // freezes for a moment), the position is the later move's.
+    ensure!(
+        r[2]["coordinate"] == json!([scaled[0] + 3, scaled[1] + 1]),
+        "cursor_position after a click and a move answered {:?}, moved to {:?}",
+        r[2]["coordinate"],
+        [scaled[0] + 3, scaled[1] + 1]
+    );
     ensure!(r[3]["size"] == json!([1024, 640]), "{:?}", r[3]["size"]);
     let shot = base64_decode(r[3]["image"]["data"].as_str().unwrap_or("")).context("base64")?;
     ensure!(png_size(&shot) == Some((1024, 640)), "screenshot PNG");
@@ -325,12 +324,11 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         state["hold"][0] == "Shift" && state["hold"][1].as_i64().unwrap_or(0) >= 550,
         "hold_key: {state}"
     );
-    // Known: three clicks sent back to back are not always one triple
-    // click for Chromium (seen: a word, or nothing, selected); reported,
-    // not yet asserted.
-    if state["sel"].as_str().unwrap_or("").trim() != "The quick brown fox jumps over the lazy dog" {
-        eprintln!("KNOWN: triple click selected {:?}", state["sel"]);
-    }
+    ensure!(
+        state["sel"].as_str().unwrap_or("").trim() == "The quick brown fox jumps over the lazy dog",
+        "a triple click selected {:?}, not the line",
+        state["sel"]
+    );
 
     // Back into the text area: everything refused below must type nothing.
     ok(

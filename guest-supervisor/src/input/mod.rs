@@ -82,6 +82,22 @@ const SETTLE_PER_KEY: Duration = Duration::from_micros(250);
 /// Longest settle for clients that cannot be pinged.
 const SETTLE_MAX: Duration = Duration::from_secs(3);
 
+/// Longest wait for the server's pointer to reach the last point sent.
+/// While a client holds a synchronous grab (openbox's click-to-focus grab
+/// on every managed window), the server freezes the pointer on a press and
+/// queues the events behind it until that client lets them go, so a
+/// position asked for right after a click can be the click's, not the
+/// later move's. Openbox lets go within milliseconds, except right after a
+/// keyboard mapping change (a layout switch, or the bindings typing
+/// makes), which it handles first: 100–300 ms seen, more on a loaded host.
+const POINTER_BOUND: Duration = Duration::from_secs(3);
+
+/// Pause between the clicks of a double or triple click. A toolkit counts
+/// a click as a repeat only when its press carries a later server
+/// timestamp than the previous one (Chromium ignores equal ones as one
+/// native event), and clicks sent back to back share a millisecond.
+const MULTI_CLICK_GAP: Duration = Duration::from_millis(20);
+
 /// Steps of the pointer's path between the ends of a drag: applications
 /// start a drag only after motion with the button held.
 const DRAG_STEPS: i64 = 8;
@@ -288,6 +304,7 @@ fn run_batch(
         ping_atoms: None,
         pings: 0,
         keys_since_settle: 0,
+        pointer: None,
         xtest: conn
             .extension_information(xtest::X11_EXTENSION_NAME)
             .map_err(XError::from)?
@@ -356,6 +373,8 @@ struct Runner<'a> {
     pings: u32,
     /// Keys pressed since the last [`Runner::settle`].
     keys_since_settle: u32,
+    /// The last point the pointer was sent to, on the screen.
+    pointer: Option<(i16, i16)>,
 }
 
 impl Runner<'_> {
@@ -394,11 +413,8 @@ impl Runner<'_> {
             }
             Action::Type { text } => self.type_text(text)?,
             Action::CursorPosition {} => {
-                let p = self.conn.query_pointer(self.root).map_err(XError::from)?;
-                let p = p.reply().map_err(XError::from)?;
-                let at = self
-                    .space
-                    .to_caller([i64::from(p.root_x), i64::from(p.root_y)]);
+                let (x, y) = self.pointer_settled()?;
+                let at = self.space.to_caller([i64::from(x), i64::from(y)]);
                 return Ok(ActionResult {
                     coordinate: Some(at),
                     ..ActionResult::ok(name)
@@ -633,7 +649,11 @@ impl Runner<'_> {
     ) -> Result<(), ActionError> {
         self.with_held(held, |r| {
             r.move_opt(at)?;
-            for _ in 0..times {
+            for i in 0..times {
+                if i > 0 {
+                    r.sync()?;
+                    std::thread::sleep(MULTI_CLICK_GAP);
+                }
                 r.button(button, true)?;
                 r.button(button, false)?;
             }
@@ -655,7 +675,28 @@ impl Runner<'_> {
         self.conn
             .xtest_fake_input(xproto::MOTION_NOTIFY_EVENT, 0, 0, self.root, x, y, 0)
             .map_err(XError::from)?;
+        self.pointer = Some((x, y));
         Ok(())
+    }
+
+    /// Where the server has the pointer, once it is where it was last sent
+    /// (or [`POINTER_BOUND`] passed: then where it is, frozen or moved by
+    /// someone else).
+    fn pointer_settled(&mut self) -> Result<(i16, i16), ActionError> {
+        let deadline = std::time::Instant::now() + POINTER_BOUND;
+        loop {
+            let p = self
+                .conn
+                .query_pointer(self.root)
+                .map_err(XError::from)?
+                .reply()
+                .map_err(XError::from)?;
+            let at = (p.root_x, p.root_y);
+            if self.pointer.is_none_or(|sent| sent == at) || std::time::Instant::now() >= deadline {
+                return Ok(at);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     fn button(&mut self, button: u8, press: bool) -> Result<(), ActionError> {

