@@ -133,10 +133,13 @@ pub struct Rect {
     pub w: u16,
     /// Height.
     pub h: u16,
-    /// Encoding (0 = Raw; pseudo-encodings carry no pixels here).
+    /// Encoding (0 = Raw, 16 = ZRLE; pseudo-encodings carry no pixels
+    /// here).
     pub encoding: i32,
     /// Raw pixels, 4 bytes each (only for Raw at 32 bpp).
     pub pixels: Vec<u8>,
+    /// Bytes of the rectangle's data on the wire (after its header).
+    pub wire: usize,
 }
 
 /// How a screen WebSocket ended, as the viewer saw it.
@@ -284,9 +287,10 @@ impl RfbViewer {
     }
 
     /// Reads server messages until a FramebufferUpdate and returns its
-    /// rectangles (Raw at 32 bpp and pixel-less pseudo-encodings only: ask
-    /// for those with [`set_encodings`]`(&[0])`). Bell and cut-text messages
-    /// in between are skipped.
+    /// rectangles: Raw at 32 bpp (pixels kept), ZRLE (its zlib data read
+    /// past, not decoded) and pixel-less pseudo-encodings only: ask for
+    /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`. Bell and
+    /// cut-text messages in between are skipped.
     pub async fn read_update(&mut self) -> Result<Vec<Rect>> {
         loop {
             let kind = self.read_exact(1).await?[0];
@@ -300,12 +304,22 @@ impl RfbViewer {
                         let be = |i: usize| u16::from_be_bytes([r[i], r[i + 1]]);
                         let encoding = i32::from_be_bytes([r[8], r[9], r[10], r[11]]);
                         let (w, h) = (be(4), be(6));
-                        let pixels = if encoding == 0 {
-                            self.read_exact(usize::from(w) * usize::from(h) * 4).await?
-                        } else if encoding < 0 {
-                            Vec::new()
-                        } else {
-                            bail!("encoding {encoding} not supported by this viewer");
+                        let (pixels, wire) = match encoding {
+                            0 => {
+                                let p =
+                                    self.read_exact(usize::from(w) * usize::from(h) * 4).await?;
+                                let n = p.len();
+                                (p, n)
+                            }
+                            16 => {
+                                let len = self.read_exact(4).await?;
+                                let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                                ensure!(len <= 64 << 20, "a ZRLE rectangle of {len} bytes");
+                                self.read_exact(usize::try_from(len)?).await?;
+                                (Vec::new(), 4 + usize::try_from(len)?)
+                            }
+                            e if e < 0 => (Vec::new(), 0),
+                            e => bail!("encoding {e} not supported by this viewer"),
                         };
                         rects.push(Rect {
                             x: be(0),
@@ -314,6 +328,7 @@ impl RfbViewer {
                             h,
                             encoding,
                             pixels,
+                            wire,
                         });
                     }
                     return Ok(rects);
