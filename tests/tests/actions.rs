@@ -334,11 +334,9 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     ok(
         &api,
         id,
-        // The click moves the keyboard focus only once Chromium has taken
-        // it; keys sent before that go to the window that had it (an agent
-        // loop waits for the next screenshot just the same).
+        // Keys right after the click go where the click put the focus (the
+        // text area, not the line the triple click selected).
         json!({"actions": [{"action": "left_click", "coordinate": [ox + 200, oy + 100]},
-                           {"action": "wait", "duration": 0.3},
                            {"action": "key", "text": "ctrl+a BackSpace"},
                            {"action": "type", "text": "kept"}]}),
     )

@@ -232,8 +232,7 @@ async fn run(args: Args) -> Result<()> {
         .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (name, encodings) in [("Raw", RAW), ("ZRLE", ZRLE)] {
-        let (bytes, updates) =
-            watch(viewer_with(&broker, &view, encodings).await?, window).await?;
+        let (bytes, updates) = watch(viewer_with(&broker, &view, encodings).await?, window).await?;
         println!(
             "changing screen (a terminal clock, 1 update/s), one viewer, {}s window: {:.2} kbit/s ({bytes} bytes, {updates} updates; {name} encoding)",
             args.window,
