@@ -271,6 +271,9 @@ impl Owner {
         match op.pending {
             Pending::Create { reply, mut done } => {
                 let result = received(done.try_recv());
+                // The workspace (new or adopted) exists from here on, even
+                // when the container's start failed.
+                self.apply_workspace_limit(id);
                 self.on_running(id, kind, started, result, reply);
             }
             Pending::Start { reply, mut done } => {
@@ -302,8 +305,12 @@ impl Owner {
             },
             Pending::Import { reply, mut done } => {
                 let result = received(done.try_recv());
-                if let Err(e) = &result {
-                    tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
+                match &result {
+                    // A new tree was swapped in: it carries no project id yet.
+                    Ok(_) => self.apply_workspace_limit(id),
+                    Err(e) => {
+                        tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
+                    }
                 }
                 let _ = reply.send(result);
             }

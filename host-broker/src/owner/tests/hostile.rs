@@ -253,3 +253,48 @@ async fn an_engine_that_drops_a_hardening_setting_gets_no_desktop() {
         "{mutations:?}"
     );
 }
+
+/// Every computer's status says whether its workspace is limited, as the
+/// quota decision for its workspace says (here: a temporary directory, so
+/// most likely "not enforced" and why), from its create and again after a
+/// broker restart; the change reaches the event stream too.
+#[tokio::test(start_paused = true)]
+async fn the_status_carries_the_workspace_limit_from_create_and_after_a_restart() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let mut events = rig.handle.subscribe();
+    let id = rig.create().await.id;
+    let status = rig
+        .until(id, "the workspace limit", |s| s.workspace_limit.is_some())
+        .await;
+    let limit = status.workspace_limit.unwrap();
+    let expected = crate::quota::apply_workspace_limit(
+        id,
+        &rig.paths().workspace(id),
+        crate::quota::WorkspaceQuota::default(),
+    )
+    .await;
+    println!("workspace limit: {limit:?}");
+    assert_eq!(limit, expected);
+    if !limit.enforced {
+        let reason = limit.reason.as_deref().unwrap();
+        assert!(!reason.is_empty());
+        let data = rig.paths().data().display().to_string();
+        assert!(!reason.contains(&data), "no host path: {reason}");
+        assert_eq!((limit.bytes, limit.inodes), (None, None));
+    }
+    let mut told = false;
+    while let Ok(event) = events.try_recv() {
+        if let BrokerEvent::Status { computer } = event {
+            told |= computer.id == id && computer.workspace_limit.as_ref() == Some(&limit);
+        }
+    }
+    assert!(told, "the limit is broadcast");
+
+    let rig = rig.crash_and_restart().await;
+    let again = rig
+        .until(id, "the workspace limit after a restart", |s| {
+            s.workspace_limit.is_some()
+        })
+        .await;
+    assert_eq!(again.workspace_limit, Some(limit));
+}
