@@ -371,7 +371,11 @@ mod tests {
         use nix::sys::statfs::{EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
         let at = |p: &str| Path::new(p).to_owned();
         assert_eq!(
-            decide(EXT4_SUPER_MAGIC, MOUNTS, &at("/srv/q/computers/a/workspace")),
+            decide(
+                EXT4_SUPER_MAGIC,
+                MOUNTS,
+                &at("/srv/q/computers/a/workspace")
+            ),
             Ok((QuotaFs::Ext4, at("/srv/q")))
         );
         assert_eq!(
@@ -389,10 +393,16 @@ mod tests {
             let why = refused(kind, path);
             assert!(why.contains("without enforced project quotas"), "{why}");
             assert!(why.contains("prjquota"), "{why}");
-            assert!(!why.contains("/srv") && !why.contains("/dev/"), "no host path: {why}");
+            assert!(
+                !why.contains("/srv") && !why.contains("/dev/"),
+                "no host path: {why}"
+            );
         }
         let why = refused(TMPFS_MAGIC, "/srv/q/w");
-        assert!(why.contains("tmpfs") && why.contains("no project quotas"), "{why}");
+        assert!(
+            why.contains("tmpfs") && why.contains("no project quotas"),
+            "{why}"
+        );
         assert!(refused(nix::sys::statfs::OVERLAYFS_SUPER_MAGIC, "/w").contains("overlayfs"));
         assert!(refused(EXT4_SUPER_MAGIC, "relative/w").contains("mount point"));
     }

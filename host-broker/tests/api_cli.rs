@@ -341,7 +341,10 @@ async fn status_says_whether_the_workspace_is_limited_and_why_not() {
     let open = h.add("open", true);
     {
         let mut s = h.lock();
-        s.computers.get_mut(&limited).expect("limited").workspace_limit = Some(WorkspaceLimit {
+        s.computers
+            .get_mut(&limited)
+            .expect("limited")
+            .workspace_limit = Some(WorkspaceLimit {
             enforced: true,
             bytes: Some(10 << 30),
             inodes: Some(1_000_000),
@@ -363,10 +366,15 @@ async fn status_says_whether_the_workspace_is_limited_and_why_not() {
     let text = cli.run(&["status", &open.to_string()]).await.unwrap();
     assert_inert(&text);
     assert!(
-        text.contains(&format!("workspace   no size limit (no prjquota{HOSTILE_SHOWN})")),
+        text.contains(&format!(
+            "workspace   no size limit (no prjquota{HOSTILE_SHOWN})"
+        )),
         "{text}"
     );
-    let json = cli.run(&["--json", "status", &open.to_string()]).await.unwrap();
+    let json = cli
+        .run(&["--json", "status", &open.to_string()])
+        .await
+        .unwrap();
     let value: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["workspace_limit"]["enforced"], false);
 }

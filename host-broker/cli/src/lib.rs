@@ -852,8 +852,12 @@ fn print_status(
 /// The workspace limit in words: its sizes, or that there is none and why.
 fn limit_words(limit: &dormouse_protocol::api::WorkspaceLimit) -> String {
     if limit.enforced {
-        let bytes = limit.bytes.map_or_else(|| "?".to_owned(), |b| format!("{} MiB", b >> 20));
-        let inodes = limit.inodes.map_or_else(|| "?".to_owned(), |i| i.to_string());
+        let bytes = limit
+            .bytes
+            .map_or_else(|| "?".to_owned(), |b| format!("{} MiB", b >> 20));
+        let inodes = limit
+            .inodes
+            .map_or_else(|| "?".to_owned(), |i| i.to_string());
         format!("limited to {bytes} and {inodes} files")
     } else {
         format!(

@@ -529,7 +529,10 @@ mod tests {
         assert_eq!(args.memory, 4 << 30);
         assert_eq!(args.log_format, LogFormat::Text);
         let config = args.broker_config(PathBuf::from("/nonexistent"));
-        assert_eq!(config.workspace_quota, crate::quota::WorkspaceQuota::default());
+        assert_eq!(
+            config.workspace_quota,
+            crate::quota::WorkspaceQuota::default()
+        );
     }
 
     #[test]

@@ -27,9 +27,7 @@ impl Owner {
         let tx = self.internal.clone();
         self.tasks.spawn(async move {
             let limit = quota::apply_workspace_limit(id, &workspace, wanted).await;
-            let _ = tx
-                .send(Internal::WorkspaceLimit { id, epoch, limit })
-                .await;
+            let _ = tx.send(Internal::WorkspaceLimit { id, epoch, limit }).await;
         });
     }
 

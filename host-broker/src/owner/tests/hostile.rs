@@ -8,7 +8,7 @@ use std::time::Duration;
 use dormouse_protocol::api::{BrokerEvent, ContainerState, CreateComputer, StopReason};
 use tokio::time::advance;
 
-use super::{settle, Rig};
+use super::{mutations_of, settle, Rig};
 use crate::store::ComputerStore;
 
 #[tokio::test(start_paused = true)]
@@ -297,4 +297,43 @@ async fn the_status_carries_the_workspace_limit_from_create_and_after_a_restart(
         })
         .await;
     assert_eq!(again.workspace_limit, Some(limit));
+}
+
+/// A stop whose records cannot be written (here the stop-record directory
+/// is a file; on a host, a full disk) still stops the desktop, answers with
+/// the stopped status and says plainly what was not saved; once the
+/// directory is back, a start works and the next stop is recorded.
+#[tokio::test(start_paused = true)]
+async fn a_stop_whose_record_cannot_be_written_still_stops() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    let stops = rig.paths().stops();
+    std::fs::remove_dir_all(&stops).unwrap();
+    std::fs::write(&stops, b"not a directory").unwrap();
+    let before = mutations_of(&rig.fake, "stop");
+    let stopped = rig.handle.stop(id, None).await.unwrap();
+    assert_eq!(stopped.container, ContainerState::Stopped);
+    assert_eq!(
+        mutations_of(&rig.fake, "stop"),
+        before + 1,
+        "the engine stopped it"
+    );
+    assert_eq!(stopped.stop_reason, Some(StopReason::Manual));
+    let problem = stopped.problem.unwrap();
+    assert!(problem.contains("could not be saved"), "{problem}");
+    let data = rig.paths().data().display().to_string();
+    assert!(!problem.contains(&data), "no host path: {problem}");
+    assert_eq!(std::fs::read(&stops).unwrap(), b"not a directory");
+
+    std::fs::remove_file(&stops).unwrap();
+    std::fs::create_dir(&stops).unwrap();
+    let started = rig.start(id).await;
+    assert_eq!(started.problem, None);
+    let stopped = rig.handle.stop(id, None).await.unwrap();
+    assert_eq!(stopped.problem, None);
+    let record = crate::store::StopReasonStore::new(&rig.paths())
+        .load(&crate::lifecycle::stop_key(id))
+        .unwrap()
+        .unwrap();
+    assert!(record.confirmed);
 }
