@@ -396,9 +396,9 @@ impl Owner {
                 c.stop_record = Some(stopped.record);
                 c.op_problem = stopped.unsaved.map(|why| {
                     format!(
-                        "stopped, but the stop reason could not be saved ({why}); until the \
-                         data directory has space again, a broker restart will not know why \
-                         this desktop stopped"
+                        "stopped, but the stop reason could not be saved ({why}); a broker \
+                         restarted before the desktop's next start will not know why it \
+                         stopped"
                     )
                 });
                 disarm_idle(c);
