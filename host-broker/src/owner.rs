@@ -215,6 +215,7 @@ pub async fn spawn_backend(
         engine_lost: false,
         screens: screens.clone(),
         screens_seen: screens::ScreensSeen::new(),
+        quota_slots: Arc::new(tokio::sync::Semaphore::new(quota::CONCURRENT)),
     };
     owner.start_up(records).await;
     owner.watch_backend();
@@ -252,6 +253,8 @@ struct Owner {
     screens: crate::screen::ScreenRegistry,
     /// What [`Owner::sync_screens`] last saw of each computer.
     screens_seen: screens::ScreensSeen,
+    /// Workspace limits being applied at once ([`quota`]).
+    quota_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Owner {

@@ -12,6 +12,10 @@ use uuid::Uuid;
 use super::{Internal, Owner};
 use crate::quota;
 
+/// Most workspace limits applied at once: a broker start with many
+/// computers runs a few `chattr -R` at a time, not one per computer.
+pub(super) const CONCURRENT: usize = 4;
+
 impl Owner {
     /// Sets the workspace limit of computer `id` again; its result arrives
     /// as [`Internal::WorkspaceLimit`]. An application still running for an
@@ -25,7 +29,12 @@ impl Owner {
         let workspace = c.record.workspace.clone();
         let wanted = self.ctx.config.workspace_quota;
         let tx = self.internal.clone();
+        let slots = self.quota_slots.clone();
         self.tasks.spawn(async move {
+            // Never closed: the owner holds the semaphore as long as its tasks.
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
             let limit = quota::apply_workspace_limit(id, &workspace, wanted).await;
             let _ = tx.send(Internal::WorkspaceLimit { id, epoch, limit }).await;
         });
