@@ -216,7 +216,7 @@ fn decide(
         tracing::debug!(mount = %mount.display(), options, "no enforced project quotas");
         return Err(format!(
             "the data directory's filesystem ({}) is mounted without enforced project \
-             quotas (mount option prjquota)",
+             quotas (mount option prjquota, on a kernel built with quota support)",
             match fs {
                 QuotaFs::Ext4 => "ext4",
                 QuotaFs::Xfs => "xfs",
