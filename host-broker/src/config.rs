@@ -53,6 +53,9 @@ pub struct BrokerConfig {
     pub container_labels: BTreeMap<String, String>,
     /// Limits of the workspace routes (file sizes, imports, disk walks).
     pub workspace: WorkspaceLimits,
+    /// The size and inode limit each workspace gets where the data
+    /// directory's filesystem enforces project quotas.
+    pub workspace_quota: crate::quota::WorkspaceQuota,
 }
 
 /// Limits of the workspace routes.
@@ -91,6 +94,7 @@ impl BrokerConfig {
             max_run: None,
             container_labels: BTreeMap::new(),
             workspace: WorkspaceLimits::default(),
+            workspace_quota: crate::quota::WorkspaceQuota::default(),
         }
     }
 }

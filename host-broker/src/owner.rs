@@ -25,6 +25,7 @@ mod computer;
 mod exec;
 mod follow;
 mod ops;
+mod quota;
 mod screens;
 mod startup;
 pub mod workspace;
@@ -95,6 +96,12 @@ enum Internal {
         id: Uuid,
         epoch: u64,
         activity: Option<Activity>,
+    },
+    /// The workspace limit of a computer was applied (or found impossible).
+    WorkspaceLimit {
+        id: Uuid,
+        epoch: u64,
+        limit: dormouse_protocol::api::WorkspaceLimit,
     },
     /// Something happened to a desktop carrying our marks.
     Changed(Change),
@@ -208,6 +215,7 @@ pub async fn spawn_backend(
         engine_lost: false,
         screens: screens.clone(),
         screens_seen: screens::ScreensSeen::new(),
+        quota_slots: Arc::new(tokio::sync::Semaphore::new(quota::CONCURRENT)),
     };
     owner.start_up(records).await;
     owner.watch_backend();
@@ -245,6 +253,8 @@ struct Owner {
     screens: crate::screen::ScreenRegistry,
     /// What [`Owner::sync_screens`] last saw of each computer.
     screens_seen: screens::ScreensSeen,
+    /// Workspace limits being applied at once ([`quota`]).
+    quota_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Owner {
@@ -437,6 +447,9 @@ impl Owner {
                 epoch,
                 activity,
             } => self.on_activity(id, epoch, activity),
+            Internal::WorkspaceLimit { id, epoch, limit } => {
+                self.on_workspace_limit(id, epoch, limit);
+            }
             Internal::Changed(change) => self.on_change(change),
             Internal::BackendUp(listed) => {
                 let was_lost = std::mem::replace(&mut self.engine_lost, false);

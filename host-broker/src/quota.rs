@@ -28,6 +28,12 @@ pub const DEFAULT_WORKSPACE_BYTES: u64 = 10 << 30;
 /// Default workspace inode limit: one million files and directories.
 pub const DEFAULT_WORKSPACE_INODES: u64 = 1_000_000;
 
+/// The smallest size limit accepted (a quota tool reads 0 as "no limit").
+pub const MIN_WORKSPACE_BYTES: u64 = 1 << 20;
+
+/// The smallest inode limit accepted (0 would mean "no limit").
+pub const MIN_WORKSPACE_INODES: u64 = 1;
+
 /// Bound on each quota tool run.
 const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -173,7 +179,21 @@ async fn set_quota(project: u32, workspace: &Path, quota: WorkspaceQuota) -> Res
 fn inspect(workspace: &Path) -> Result<(QuotaFs, PathBuf), String> {
     let stat = nix::sys::statfs::statfs(workspace)
         .map_err(|e| format!("the workspace's filesystem cannot be inspected: {e}"))?;
-    let kind = stat.filesystem_type();
+    let real = std::fs::canonicalize(workspace)
+        .map_err(|e| format!("the workspace path cannot be resolved: {e}"))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo cannot be read: {e}"))?;
+    decide(stat.filesystem_type(), &mountinfo, &real)
+}
+
+/// The decision, from what `statfs` and `/proc/self/mountinfo` say about the
+/// workspace at (resolved) path `real`: a filesystem with project quotas,
+/// mounted with them enforced, or why not.
+fn decide(
+    kind: nix::sys::statfs::FsType,
+    mountinfo: &str,
+    real: &Path,
+) -> Result<(QuotaFs, PathBuf), String> {
     let fs = if kind == nix::sys::statfs::EXT4_SUPER_MAGIC {
         QuotaFs::Ext4
     } else if kind == nix::sys::statfs::XFS_SUPER_MAGIC {
@@ -185,11 +205,7 @@ fn inspect(workspace: &Path) -> Result<(QuotaFs, PathBuf), String> {
             fs_name(kind)
         ));
     };
-    let real = std::fs::canonicalize(workspace)
-        .map_err(|e| format!("the workspace path cannot be resolved: {e}"))?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo cannot be read: {e}"))?;
-    let (mount, options) = mount_of(&mountinfo, &real)
+    let (mount, options) = mount_of(mountinfo, real)
         .ok_or_else(|| "the workspace's mount point is not in /proc/self/mountinfo".to_owned())?;
     let enforced = options
         .split(',')
@@ -198,11 +214,14 @@ fn inspect(workspace: &Path) -> Result<(QuotaFs, PathBuf), String> {
     if !enforced {
         // The mount point goes to the log only: statuses carry no host paths.
         tracing::debug!(mount = %mount.display(), options, "no enforced project quotas");
-        return Err(
-            "the data directory's filesystem is mounted without enforced project \
-                    quotas (mount option prjquota)"
-                .to_owned(),
-        );
+        return Err(format!(
+            "the data directory's filesystem ({}) is mounted without enforced project \
+             quotas (mount option prjquota, on a kernel built with quota support)",
+            match fs {
+                QuotaFs::Ext4 => "ext4",
+                QuotaFs::Xfs => "xfs",
+            }
+        ));
     }
     Ok((fs, mount))
 }
@@ -337,6 +356,55 @@ mod tests {
         assert_eq!(point, PathBuf::from("/srv/dormouse x"));
         let (point, _) = mount_of(info, Path::new("/home/a")).expect("found");
         assert_eq!(point, PathBuf::from("/"));
+    }
+
+    const MOUNTS: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw,errors=remount-ro
+30 22 8:2 / /srv/q rw,relatime shared:2 - ext4 /dev/vdb rw,prjquota
+31 22 8:3 / /srv/x rw,relatime shared:3 - xfs /dev/vdc rw,attr2,inode64,prjquota
+32 22 8:4 / /srv/noenforce rw,relatime shared:4 - xfs /dev/vdd rw,pqnoenforce,prjquota
+33 22 8:5 / /srv/user rw,relatime shared:5 - ext4 /dev/vde rw,usrquota
+";
+
+    #[test]
+    fn only_ext4_and_xfs_with_enforced_project_quotas_are_enforced() {
+        use nix::sys::statfs::{EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
+        let at = |p: &str| Path::new(p).to_owned();
+        assert_eq!(
+            decide(
+                EXT4_SUPER_MAGIC,
+                MOUNTS,
+                &at("/srv/q/computers/a/workspace")
+            ),
+            Ok((QuotaFs::Ext4, at("/srv/q")))
+        );
+        assert_eq!(
+            decide(XFS_SUPER_MAGIC, MOUNTS, &at("/srv/x/w")),
+            Ok((QuotaFs::Xfs, at("/srv/x")))
+        );
+        let refused = |kind, path: &str| decide(kind, MOUNTS, &at(path)).unwrap_err();
+        // Quotas counted but not enforced, user quotas only, none at all.
+        for path in ["/srv/noenforce/w", "/srv/user/w", "/home/w"] {
+            let kind = if path.starts_with("/srv/noenforce") {
+                XFS_SUPER_MAGIC
+            } else {
+                EXT4_SUPER_MAGIC
+            };
+            let why = refused(kind, path);
+            assert!(why.contains("without enforced project quotas"), "{why}");
+            assert!(why.contains("prjquota"), "{why}");
+            assert!(
+                !why.contains("/srv") && !why.contains("/dev/"),
+                "no host path: {why}"
+            );
+        }
+        let why = refused(TMPFS_MAGIC, "/srv/q/w");
+        assert!(
+            why.contains("tmpfs") && why.contains("no project quotas"),
+            "{why}"
+        );
+        assert!(refused(nix::sys::statfs::OVERLAYFS_SUPER_MAGIC, "/w").contains("overlayfs"));
+        assert!(refused(EXT4_SUPER_MAGIC, "relative/w").contains("mount point"));
     }
 
     /// Here the data directory is a temporary directory: on tmpfs, or on an

@@ -332,3 +332,49 @@ async fn text_from_the_broker_is_escaped() {
         "{shown}"
     );
 }
+
+#[tokio::test]
+async fn status_says_whether_the_workspace_is_limited_and_why_not() {
+    use dormouse_protocol::api::WorkspaceLimit;
+    let h = Harness::new();
+    let limited = h.add("limited", true);
+    let open = h.add("open", true);
+    {
+        let mut s = h.lock();
+        s.computers
+            .get_mut(&limited)
+            .expect("limited")
+            .workspace_limit = Some(WorkspaceLimit {
+            enforced: true,
+            bytes: Some(10 << 30),
+            inodes: Some(1_000_000),
+            reason: None,
+        });
+        s.computers.get_mut(&open).expect("open").workspace_limit = Some(WorkspaceLimit {
+            enforced: false,
+            bytes: None,
+            inodes: None,
+            reason: Some(format!("no prjquota{HOSTILE}")),
+        });
+    }
+    let cli = Cli::serve(&h).await;
+    let text = cli.run(&["status", &limited.to_string()]).await.unwrap();
+    assert!(
+        text.contains("workspace   limited to 10240 MiB and 1000000 files"),
+        "{text}"
+    );
+    let text = cli.run(&["status", &open.to_string()]).await.unwrap();
+    assert_inert(&text);
+    assert!(
+        text.contains(&format!(
+            "workspace   no size limit (no prjquota{HOSTILE_SHOWN})"
+        )),
+        "{text}"
+    );
+    let json = cli
+        .run(&["--json", "status", &open.to_string()])
+        .await
+        .unwrap();
+    let value: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["workspace_limit"]["enforced"], false);
+}

@@ -1,6 +1,8 @@
 //! A guest that fills the disk under the data directory: the broker keeps
-//! answering, no record is lost or left half-written, and stop and start
-//! work again once the space is freed.
+//! answering, a stop still stops the desktop (and says which record it
+//! could not save), no record is lost or left half-written, and start works
+//! again once the space is freed. The status also says, on this tmpfs, that
+//! the workspace has no size limit and why.
 //!
 //! The data directory is a small tmpfs mounted by the test (root only), so
 //! "full" is real and affects nothing else on the host; the desktop fills it
@@ -19,7 +21,6 @@ use dormouse_broker::engine::docker::DockerEngine;
 use dormouse_broker::engine::Engine;
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
-use dormouse_broker::quota;
 use dormouse_e2e::{desktop_image, docker, docker_available, TempDir};
 use dormouse_protocol::api::{ContainerState, CreateComputer, PatchComputer};
 use engine_support::{broker_config, log, wait_ready, wait_until, RunGuard};
@@ -138,15 +139,23 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
         free_bytes(&data) / 1024
     );
 
-    // No project quota on a tmpfs: the broker says so rather than pretend.
-    let workspace = data
-        .join("computers")
-        .join(id.to_string())
-        .join("workspace");
-    let limit =
-        quota::apply_workspace_limit(id, &workspace, quota::WorkspaceQuota::default()).await;
-    eprintln!("workspace limit: {limit:?}");
+    // No project quota on a tmpfs: the status says so rather than pretend,
+    // and the engine-independent witness (`stat -f`) agrees on why.
+    let limited = wait_until(&broker, id, READY_LIMIT, "the workspace limit", |s| {
+        s.workspace_limit.is_some()
+    })
+    .await;
+    let limit = limited.workspace_limit.unwrap();
+    let fs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_owned();
+    eprintln!("workspace limit on {fs}: {limit:?}");
+    assert_eq!(fs, "tmpfs");
     assert!(!limit.enforced);
+    assert_eq!((limit.bytes, limit.inodes), (None, None));
     assert!(
         limit.reason.as_deref().is_some_and(|r| r.contains("tmpfs")),
         "{limit:?}"
@@ -205,20 +214,37 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
             Err(e) => format!("refused: {e}"),
         }
     );
+    // A stop on the full disk: neither its intent nor its confirmation can
+    // be written, and the desktop stops all the same.
+    let free = free_bytes(&data);
+    assert_eq!(free, 0, "nothing can be written when the stop begins");
     let stopped = tokio::time::timeout(Duration::from_secs(60), broker.stop(id, None))
         .await
-        .expect("stop answers while the disk is full");
+        .expect("stop answers while the disk is full")
+        .expect("a full disk does not refuse a stop");
     eprintln!(
-        "stop on a full disk: {}",
-        match &stopped {
-            Ok(s) => format!("{:?}", s.container),
-            Err(e) => format!("refused: {e}"),
-        }
+        "stop on a full disk: {:?}, problem {:?}",
+        stopped.container, stopped.problem
     );
+    assert_eq!(stopped.container, ContainerState::Stopped);
+    let problem = stopped.problem.clone().unwrap_or_default();
+    assert!(
+        problem.contains("could not be saved") && problem.contains("No space left on device"),
+        "the failure is reported clearly: {problem:?}"
+    );
+    assert!(!problem.contains(&*data.to_string_lossy()), "{problem}");
+    // The engine's own view, not the broker's.
+    let running = docker(&["inspect", "-f", "{{.State.Running}}", &name]);
+    let running = String::from_utf8_lossy(&running.stdout).trim().to_owned();
+    eprintln!("docker inspect after the stop: running={running}");
+    assert_eq!(running, "false", "the container is stopped");
     assert!(check_records(&data) >= records_before, "no record was lost");
-    broker.get(id).await.unwrap();
+    assert_eq!(
+        broker.get(id).await.unwrap().container,
+        ContainerState::Stopped
+    );
 
-    // Space freed: stop and start work again.
+    // Space freed: the desktop starts again.
     std::fs::remove_file(
         data.join("computers")
             .join(id.to_string())
@@ -226,14 +252,6 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
     )
     .unwrap();
     eprintln!("freed; {} KiB free", free_bytes(&data) / 1024);
-    if broker.get(id).await.unwrap().container == ContainerState::Running {
-        let stopped = broker.stop(id, None).await.unwrap();
-        assert_eq!(stopped.container, ContainerState::Stopped);
-    }
-    wait_until(&broker, id, READY_LIMIT, "stopped", |s| {
-        s.container == ContainerState::Stopped
-    })
-    .await;
     broker.start(id, None).await.unwrap();
     let again = wait_ready(&broker, id, READY_LIMIT).await;
     assert!(

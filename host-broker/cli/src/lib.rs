@@ -832,6 +832,9 @@ fn print_status(
         s.generation,
         Safe(&s.image_id)
     ));
+    if let Some(limit) = &s.workspace_limit {
+        text.push_str(&format!("workspace   {}\n", limit_words(limit)));
+    }
     if let Some(health) = &s.health {
         text.push_str(&format!("health      {}\n", serde_plain(&health.overall)));
         for check in &health.checks {
@@ -844,6 +847,24 @@ fn print_status(
         }
     }
     out.write_all(text.as_bytes()).map_err(stdout)
+}
+
+/// The workspace limit in words: its sizes, or that there is none and why.
+fn limit_words(limit: &dormouse_protocol::api::WorkspaceLimit) -> String {
+    if limit.enforced {
+        let bytes = limit
+            .bytes
+            .map_or_else(|| "?".to_owned(), |b| format!("{} MiB", b >> 20));
+        let inodes = limit
+            .inodes
+            .map_or_else(|| "?".to_owned(), |i| i.to_string());
+        format!("limited to {bytes} and {inodes} files")
+    } else {
+        format!(
+            "no size limit ({})",
+            Safe(limit.reason.as_deref().unwrap_or("not enforced"))
+        )
+    }
 }
 
 fn idle_words(idle: &dormouse_protocol::api::IdleStatus) -> String {

@@ -129,6 +129,16 @@ pub struct DaemonArgs {
     /// Largest file a workspace file write accepts, e.g. 1GiB.
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
     pub file_max_bytes: u64,
+    /// Most bytes each workspace may hold, e.g. 10GiB: a project quota,
+    /// enforced where the data directory's filesystem has project quotas
+    /// (each status says whether it is).
+    #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_workspace_bytes)]
+    pub workspace_max_bytes: u64,
+    /// Most files and directories each workspace may hold (enforced like
+    /// `--workspace-max-bytes`).
+    #[arg(long, value_name = "N", default_value_t = crate::quota::DEFAULT_WORKSPACE_INODES,
+          value_parser = clap::value_parser!(u64).range(crate::quota::MIN_WORKSPACE_INODES..))]
+    pub workspace_max_inodes: u64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -179,6 +189,10 @@ impl DaemonArgs {
         config.workspace.import.max_total_bytes = self.import_max_bytes;
         config.workspace.import.max_entries = self.import_max_entries;
         config.workspace.files.max_write_bytes = self.file_max_bytes;
+        config.workspace_quota = crate::quota::WorkspaceQuota {
+            bytes: self.workspace_max_bytes,
+            inodes: self.workspace_max_inodes,
+        };
         config
     }
 }
@@ -480,6 +494,16 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
+/// A workspace size limit: a [`parse_size`] of at least
+/// [`crate::quota::MIN_WORKSPACE_BYTES`] (a quota tool reads 0 as "no limit").
+fn parse_workspace_bytes(s: &str) -> Result<u64, String> {
+    let bytes = parse_size(s)?;
+    if bytes < crate::quota::MIN_WORKSPACE_BYTES {
+        return Err(format!("{s:?} is below the smallest workspace limit, 1MiB"));
+    }
+    Ok(bytes)
+}
+
 /// A memory limit: a [`parse_size`] of at least 64 MiB that the engine's
 /// signed field holds.
 fn parse_memory(s: &str) -> Result<i64, String> {
@@ -504,6 +528,11 @@ mod tests {
         assert_eq!(args.max_instances, 2);
         assert_eq!(args.memory, 4 << 30);
         assert_eq!(args.log_format, LogFormat::Text);
+        let config = args.broker_config(PathBuf::from("/nonexistent"));
+        assert_eq!(
+            config.workspace_quota,
+            crate::quota::WorkspaceQuota::default()
+        );
     }
 
     #[test]
@@ -517,6 +546,10 @@ mod tests {
             &["dormoused", "--memory", "1MiB"],
             &["dormoused", "--cpus", "0"],
             &["dormoused", "--log-format", "xml"],
+            &["dormoused", "--workspace-max-bytes", "0"],
+            &["dormoused", "--workspace-max-bytes", "1KiB"],
+            &["dormoused", "--workspace-max-inodes", "0"],
+            &["dormoused", "--workspace-max-inodes", "lots"],
         ] {
             let err = DaemonArgs::try_parse_from(bad).expect_err("refused");
             assert_eq!(err.exit_code(), 2, "{bad:?}");
@@ -530,6 +563,17 @@ mod tests {
         ])
         .expect("edges are allowed");
         assert_eq!(ok.idle_timeout, Duration::from_secs(1));
+        let quota = DaemonArgs::try_parse_from([
+            "dormoused",
+            "--workspace-max-bytes",
+            "2GiB",
+            "--workspace-max-inodes",
+            "5000",
+        ])
+        .expect("workspace limits parse")
+        .broker_config(PathBuf::from("/nonexistent"))
+        .workspace_quota;
+        assert_eq!((quota.bytes, quota.inodes), (2 << 30, 5000));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::{stop_key, OpContext};
 use crate::engine::Desktop;
 use crate::error::BrokerError;
 use crate::guest;
-use crate::store::StopRecord;
+use crate::store::{StopRecord, StoreError};
 
 /// What a completed stop found.
 #[derive(Debug, Clone)]
@@ -28,6 +28,10 @@ pub struct Stopped {
     pub record: StopRecord,
     /// What the guest said to `quiesce`, if it answered.
     pub quiesced: Option<Quiesced>,
+    /// Why the confirmed record could not be saved (a full disk), if so:
+    /// the stop happened all the same, and the record on disk is the one
+    /// before it (the intent, or nothing), whole.
+    pub unsaved: Option<String>,
 }
 
 /// Records the intent to stop for `reason` (atomically, fsynced) and returns
@@ -53,11 +57,12 @@ pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stoppe
         return Err(BrokerError::WrongState("the desktop is not running".into()));
     }
     let quiesced = quiesce(ctx, id).await;
-    let (info, record) = finish(ctx, id, &intent).await?;
+    let (info, record, unsaved) = finish(ctx, id, &intent).await?;
     Ok(Stopped {
         info,
         record,
         quiesced,
+        unsaved,
     })
 }
 
@@ -85,11 +90,15 @@ pub async fn quiesce(ctx: &OpContext, id: Uuid) -> Option<Quiesced> {
 
 /// The engine half of a stop whose intent is recorded: engine stop, inspect,
 /// then confirm (or drop) the intent according to what the engine says.
+///
+/// Once the engine says the container is down the stop has happened, so a
+/// confirmation that cannot be saved (a full disk) does not turn it into a
+/// failure: it comes back as the third value, the reason it was not saved.
 pub async fn finish(
     ctx: &OpContext,
     id: Uuid,
     intent: &StopRecord,
-) -> Result<(Desktop, StopRecord), BrokerError> {
+) -> Result<(Desktop, StopRecord, Option<String>), BrokerError> {
     let name = super::container_name(id);
     let key = stop_key(id);
     let stopped = ctx.backend.suspend(id, ctx.config.stop_timeout).await;
@@ -97,8 +106,14 @@ pub async fn finish(
     match (stopped, after) {
         (_, Ok(Some(info))) if !info.state.is_up() => {
             let record = intent.confirm(info.finished_at);
-            ctx.stops.save(&key, &record)?;
-            Ok((info, record))
+            let unsaved = match ctx.stops.save(&key, &record) {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::error!(computer = %id, error = %e, "stopped, but the stop record cannot be saved");
+                    Some(why_unsaved(&e))
+                }
+            };
+            Ok((info, record, unsaved))
         }
         (Ok(()), Ok(Some(info))) => {
             ctx.stops.clear(&key)?;
@@ -122,5 +137,15 @@ pub async fn finish(
             // Unknown outcome: keep the intent; reconciliation finishes it.
             Err(e.into())
         }
+    }
+}
+
+/// Why a record was not saved, in words a status may carry (the store's own
+/// message names host paths; those stay in the log).
+pub fn why_unsaved(e: &StoreError) -> String {
+    match e {
+        StoreError::Io { source, .. } => source.to_string(),
+        StoreError::Corrupt { .. } => "the stop record is not valid".to_owned(),
+        StoreError::Task(why) => why.clone(),
     }
 }

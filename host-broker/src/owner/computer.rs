@@ -5,7 +5,7 @@
 //! Only the owner task touches a [`Computer`]; it has no I/O of its own.
 
 use chrono::{DateTime, Utc};
-use dormouse_protocol::api::{ComputerStatus, ContainerState, IdleStatus};
+use dormouse_protocol::api::{ComputerStatus, ContainerState, IdleStatus, WorkspaceLimit};
 use dormouse_protocol::{GuestStatus, Hello, Phase};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -114,6 +114,12 @@ pub struct Computer {
     pub up_since: Option<Instant>,
     /// How often what the guest pushes may be broadcast.
     pub guest_throttle: GuestThrottle,
+    /// The host-side limit on the workspace, once determined
+    /// ([`super::quota`]).
+    pub workspace_limit: Option<WorkspaceLimit>,
+    /// Bumped whenever the limit is (re)applied, so an older answer is
+    /// discarded.
+    pub limit_epoch: u64,
 }
 
 impl Computer {
@@ -138,6 +144,8 @@ impl Computer {
             last_sent: None,
             up_since: None,
             guest_throttle: GuestThrottle::default(),
+            workspace_limit: None,
+            limit_epoch: 0,
         }
     }
 
@@ -261,7 +269,7 @@ impl Computer {
             },
             image_id: self.record.image_id.clone(),
             idle: Some(idle_status),
-            workspace_limit: None,
+            workspace_limit: self.workspace_limit.clone(),
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::error::BrokerError;
 use crate::lifecycle::remove::blocking;
 use crate::lifecycle::{create, remove, resume, stop, stop_key, OpContext};
 use crate::reconcile::EngineView;
-use crate::store::ComputerRecord;
+use crate::store::{ComputerRecord, StopRecord};
 use crate::workspace::ImportSummary;
 
 /// Which operation is in flight, for messages and for the rules that
@@ -208,6 +208,12 @@ impl Owner {
 
     /// Records the intent (on disk before anyone hears that the stop is
     /// under way), then stops with it.
+    ///
+    /// An intent that cannot be written (a full disk) does not keep the
+    /// desktop running: the stop goes ahead with the intent held in memory
+    /// only, and says so in the log. What is lost is only the crash safety of
+    /// this one stop (a broker killed before it ends does not finish it); the
+    /// records on disk stay whole, since a failed write never replaces one.
     pub(super) fn launch_stop(
         &mut self,
         id: Uuid,
@@ -217,11 +223,8 @@ impl Owner {
         let intent = match stop::begin(&self.ctx, id, reason) {
             Ok(intent) => intent,
             Err(e) => {
-                tracing::error!(computer = %id, error = %e.detail(), "cannot record the stop intent");
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(e));
-                }
-                return;
+                tracing::error!(computer = %id, error = %e.detail(), "cannot record the stop intent; stopping without it");
+                StopRecord::intent(reason, chrono::Utc::now())
             }
         };
         if let Some(c) = self.computers.get_mut(&id) {
@@ -271,6 +274,9 @@ impl Owner {
         match op.pending {
             Pending::Create { reply, mut done } => {
                 let result = received(done.try_recv());
+                // The workspace (new or adopted) exists from here on, even
+                // when the container's start failed.
+                self.apply_workspace_limit(id);
                 self.on_running(id, kind, started, result, reply);
             }
             Pending::Start { reply, mut done } => {
@@ -302,8 +308,12 @@ impl Owner {
             },
             Pending::Import { reply, mut done } => {
                 let result = received(done.try_recv());
-                if let Err(e) = &result {
-                    tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
+                match &result {
+                    // A new tree was swapped in: it carries no project id yet.
+                    Ok(_) => self.apply_workspace_limit(id),
+                    Err(e) => {
+                        tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
+                    }
                 }
                 let _ = reply.send(result);
             }
@@ -384,7 +394,13 @@ impl Owner {
                 c.engine = EngineView::Present(Box::new(stopped.info));
                 c.last_up = c.engine.is_up();
                 c.stop_record = Some(stopped.record);
-                c.op_problem = None;
+                c.op_problem = stopped.unsaved.map(|why| {
+                    format!(
+                        "stopped, but the stop reason could not be saved ({why}); a broker \
+                         restarted before the desktop's next start will not know why it \
+                         stopped"
+                    )
+                });
                 disarm_idle(c);
                 stop_follower(c);
                 c.ready_wait = None;

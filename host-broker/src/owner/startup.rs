@@ -63,6 +63,10 @@ impl Owner {
             tracing::info!(computer = %id, container = ?computer_state_of(&view), "reconciled");
             self.computers.insert(id, computer);
             self.apply_view(id, view, image_present);
+            // Once per computer and broker start: a limit set by an earlier
+            // broker holds on disk, but the status must say so again (and
+            // flags may have changed).
+            self.apply_workspace_limit(id);
         }
         let known: HashSet<Uuid> = self.computers.keys().copied().collect();
         match reconcile::find_orphans(backend.as_ref(), &known).await {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dormouse_protocol::api::{BrokerEvent, ContainerState, CreateComputer, StopReason};
 use tokio::time::advance;
 
-use super::{settle, Rig};
+use super::{mutations_of, settle, Rig};
 use crate::store::ComputerStore;
 
 #[tokio::test(start_paused = true)]
@@ -252,4 +252,88 @@ async fn an_engine_that_drops_a_hardening_setting_gets_no_desktop() {
         mutations.iter().any(|m| m.starts_with("remove")),
         "{mutations:?}"
     );
+}
+
+/// Every computer's status says whether its workspace is limited, as the
+/// quota decision for its workspace says (here: a temporary directory, so
+/// most likely "not enforced" and why), from its create and again after a
+/// broker restart; the change reaches the event stream too.
+#[tokio::test(start_paused = true)]
+async fn the_status_carries_the_workspace_limit_from_create_and_after_a_restart() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let mut events = rig.handle.subscribe();
+    let id = rig.create().await.id;
+    let status = rig
+        .until(id, "the workspace limit", |s| s.workspace_limit.is_some())
+        .await;
+    let limit = status.workspace_limit.unwrap();
+    let expected = crate::quota::apply_workspace_limit(
+        id,
+        &rig.paths().workspace(id),
+        crate::quota::WorkspaceQuota::default(),
+    )
+    .await;
+    println!("workspace limit: {limit:?}");
+    assert_eq!(limit, expected);
+    if !limit.enforced {
+        let reason = limit.reason.as_deref().unwrap();
+        assert!(!reason.is_empty());
+        let data = rig.paths().data().display().to_string();
+        assert!(!reason.contains(&data), "no host path: {reason}");
+        assert_eq!((limit.bytes, limit.inodes), (None, None));
+    }
+    let mut told = false;
+    while let Ok(event) = events.try_recv() {
+        if let BrokerEvent::Status { computer } = event {
+            told |= computer.id == id && computer.workspace_limit.as_ref() == Some(&limit);
+        }
+    }
+    assert!(told, "the limit is broadcast");
+
+    let rig = rig.crash_and_restart().await;
+    let again = rig
+        .until(id, "the workspace limit after a restart", |s| {
+            s.workspace_limit.is_some()
+        })
+        .await;
+    assert_eq!(again.workspace_limit, Some(limit));
+}
+
+/// A stop whose records cannot be written (here the stop-record directory
+/// is a file; on a host, a full disk) still stops the desktop, answers with
+/// the stopped status and says plainly what was not saved; once the
+/// directory is back, a start works and the next stop is recorded.
+#[tokio::test(start_paused = true)]
+async fn a_stop_whose_record_cannot_be_written_still_stops() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    let stops = rig.paths().stops();
+    std::fs::remove_dir_all(&stops).unwrap();
+    std::fs::write(&stops, b"not a directory").unwrap();
+    let before = mutations_of(&rig.fake, "stop");
+    let stopped = rig.handle.stop(id, None).await.unwrap();
+    assert_eq!(stopped.container, ContainerState::Stopped);
+    assert_eq!(
+        mutations_of(&rig.fake, "stop"),
+        before + 1,
+        "the engine stopped it"
+    );
+    assert_eq!(stopped.stop_reason, Some(StopReason::Manual));
+    let problem = stopped.problem.unwrap();
+    assert!(problem.contains("could not be saved"), "{problem}");
+    let data = rig.paths().data().display().to_string();
+    assert!(!problem.contains(&data), "no host path: {problem}");
+    assert_eq!(std::fs::read(&stops).unwrap(), b"not a directory");
+
+    std::fs::remove_file(&stops).unwrap();
+    std::fs::create_dir(&stops).unwrap();
+    let started = rig.start(id).await;
+    assert_eq!(started.problem, None);
+    let stopped = rig.handle.stop(id, None).await.unwrap();
+    assert_eq!(stopped.problem, None);
+    let record = crate::store::StopReasonStore::new(&rig.paths())
+        .load(&crate::lifecycle::stop_key(id))
+        .unwrap()
+        .unwrap();
+    assert!(record.confirmed);
 }
