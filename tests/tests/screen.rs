@@ -12,6 +12,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use clap::Parser as _;
+use dormouse_cli::CliArgs;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
 use dormouse_e2e::guest::{Guest, GuestUser};
@@ -201,6 +203,14 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         })
         .await?;
     let id = created.id;
+    // A second desktop, for tokens used on the other desktop's route.
+    let other = api
+        .create(&CreateComputer {
+            name: Some("screen-b".into()),
+            ..CreateComputer::default()
+        })
+        .await?
+        .id;
     api.wait_ready(&mut events, id, READY_TIMEOUT).await?;
     let guest = Guest::for_computer(id);
 
@@ -298,6 +308,30 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
             .is_some_and(|e| format!("{e:#}").contains("401")),
         "another capability's token was accepted"
     );
+    // A token of desktop A on desktop B's route, and B's on A's: refused,
+    // while B's own token opens B's screen.
+    api.wait_ready(&mut events, other, READY_TIMEOUT).await?;
+    let view_b = mint(&api, other, ScreenMode::View, 60_000, None).await?;
+    for (route, token) in [
+        (&view_b.websocket, &view.token),
+        (&view.websocket, &view_b.token),
+    ] {
+        let crossed = RfbViewer::connect(
+            &format!("{}{route}", ws_base(broker)),
+            token,
+            TokenIn::Subprotocol,
+        )
+        .await;
+        ensure!(
+            crossed
+                .as_ref()
+                .err()
+                .is_some_and(|e| format!("{e:#}").contains("401")),
+            "a token of one desktop opened another desktop's screen"
+        );
+    }
+    viewer(broker, &view_b).await?.close().await;
+    api.remove(other, true).await?;
     // The broker's bearer token is not a screen token.
     let bearer = RfbViewer::connect(
         &format!("{}{}", ws_base(broker), view.websocket),
@@ -380,6 +414,64 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         "a viewer starved: {counts:?}"
     );
     drop(stalled);
+
+    // ---- the CLI's link -----------------------------------------------------
+    // `dormouse screen ID --control` against this broker: the link it prints
+    // carries a control capability of this desktop that opens its screen.
+    let token_file = broker.data_dir().join("cli-token");
+    std::fs::write(&token_file, broker.token())?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let argv = [
+        "dormouse",
+        "--url",
+        &format!("http://{}", broker.addr()),
+        "--token-file",
+        token_file.to_str().context("utf-8 path")?,
+        "--json",
+        "screen",
+        &id.to_string(),
+        "--control",
+        "--ttl",
+        "1m",
+    ];
+    let mut out = Vec::new();
+    dormouse_cli::run(CliArgs::try_parse_from(argv)?, &mut out)
+        .await
+        .map_err(|e| anyhow::anyhow!("dormouse screen: {e}"))?;
+    let printed: serde_json::Value = serde_json::from_slice(&out)?;
+    let url = printed["url"].as_str().context("no url")?;
+    let fragment = url
+        .strip_prefix(&format!("http://{}/panel/screen.html#", broker.addr()))
+        .with_context(|| format!("not the panel's viewer: {url}"))?;
+    let field = |name: &str| {
+        fragment
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .map(str::to_owned)
+            .with_context(|| format!("no {name} in {url}"))
+    };
+    ensure!(field("mode")? == "control", "{url}");
+    let listed = api.screens(id).await?;
+    let screen_id = field("screen")?;
+    ensure!(
+        listed
+            .iter()
+            .any(|s| s.screen_id.to_string() == screen_id && s.mode == ScreenMode::Control),
+        "the CLI's capability is not listed as control: {listed:?}"
+    );
+    let mut linked = RfbViewer::connect(
+        &format!("{}/v1/screens/{screen_id}/rfb", ws_base(broker)),
+        &field("token")?,
+        TokenIn::Subprotocol,
+    )
+    .await?;
+    let init = linked.handshake().await?;
+    ensure!((init.width, init.height) == (WIDTH, HEIGHT), "{init:?}");
+    linked.close().await;
+    eprintln!("cli: {} screen link opened", printed["mode"]);
 
     // ---- revocation: DELETE -----------------------------------------------
     let doomed = mint(&api, id, ScreenMode::View, 600_000, None).await?;
@@ -489,5 +581,20 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     ensure!(took <= REVOKE_WITHIN, "closed {took:?} after the kill");
     let dead = expect_refused_after_event(broker, &again, at).await?;
     eprintln!("kill: closed {took:?}, refused as revoked {dead:?} after docker kill returned");
+
+    // ---- revocation: remove -------------------------------------------------
+    api.start(id).await?;
+    api.wait_ready(&mut events, id, READY_TIMEOUT).await?;
+    let last = mint(&api, id, ScreenMode::View, 600_000, None).await?;
+    let mut r = viewer(broker, &last).await?;
+    let at = Instant::now();
+    let removing = tokio::spawn({
+        let api = api.clone();
+        async move { api.remove(id, true).await }
+    });
+    let took = expect_close(&mut r, at, 4001, "revoked: desktop removed").await?;
+    expect_refused(broker, &last).await?;
+    removing.await??;
+    eprintln!("remove: closed after {took:?}");
     Ok(())
 }
