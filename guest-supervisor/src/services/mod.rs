@@ -139,6 +139,10 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
                 // Accept in its own thread: without it an idle x11vnc polls
                 // for new clients only every ~200 ms, which readiness waits out.
                 "-threads".into(),
+                // No naps: an x11vnc that saw no change for a while sleeps
+                // between polls and a viewer opened on an idle desktop
+                // waited seconds for its first frame.
+                "-nonap".into(),
                 // Leave key autorepeat alone on every (probe) connection.
                 "-repeat".into(),
                 // Its banner of tips is noise in the log; `PORT=` still comes.
