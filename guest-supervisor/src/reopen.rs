@@ -7,8 +7,11 @@
 //! A browser the user started is remembered before it is closed
 //! ([`Relaunch::capture`]: its command line, environment and working
 //! directory from procfs) and started again the same way — as the desktop
-//! user, in a process group of its own, output discarded — once the last
-//! hold is released. Chromium gets `--restore-last-session`, so its windows
+//! user, in a process group of its own, output discarded, in the desktop's
+//! environment ([`crate::services::desktop_env`]) with what could be read
+//! of its own over it (Chromium makes itself undumpable, so its
+//! `environ` is closed to a supervisor without `CAP_SYS_PTRACE`) — once
+//! the last hold is released. Chromium gets `--restore-last-session`, so its windows
 //! and tabs come back. A browser that did not exit is never started twice,
 //! and nothing here ever runs as anyone but the desktop user.
 
@@ -125,6 +128,7 @@ impl Relaunch {
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env_clear()
+            .envs(crate::services::desktop_env(config))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(cwd)
             // As in the service runner: setgroups(0), setgid, setuid before
