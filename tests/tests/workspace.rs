@@ -3,7 +3,8 @@
 //! desktop never start it (the engine's own event stream is the witness)
 //! and never follow a link the guest planted; hostile archives change
 //! nothing; an export of a running desktop carries its browser login into a
-//! new desktop and, through `PUT`, into a stopped one.
+//! new desktop and, through `PUT`, into a stopped one, and the browser its
+//! quiesce closed runs again once the archive is read.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -514,6 +515,9 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
         .write_synced(GuestUser::Desk, WORKSPACE_MARKER, markers.token())
         .await?;
     markers.write_browser_profiles(&guest_a).await?;
+    // A browser on the desktop, started by its user, on the desktop's own
+    // profile: the export's quiesce closes it, and it must come back.
+    let before = open_chromium(&guest_a).await?;
 
     let started = std::time::Instant::now();
     let mut archive = Vec::new();
@@ -526,6 +530,8 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
     ensure!(bytes > 0 && archive.len() as u64 == bytes);
     let status = api.get(a).await?;
     ensure!(status.container == ContainerState::Running, "{status:?}");
+    let after = chromium_back(&guest_a, before).await?;
+    eprintln!("chromium {before} closed by the export's quiesce, running again as {after}");
     // Done with the source: free its slot for the new desktops.
     api.stop(a).await?;
     api.wait_stopped(&mut events, a, STOPPED_TIMEOUT).await?;
@@ -571,4 +577,81 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
     let (status, _) = refusal(api.import(b.id, tar(&[])).await)?;
     ensure!(status == StatusCode::CONFLICT, "{status}");
     Ok(())
+}
+
+/// Chromium's main process in the guest: the oldest `chromium` of `desk`
+/// (`pgrep`), if one runs.
+async fn chromium_main(guest: &Guest) -> Result<Option<u32>> {
+    let out = guest
+        .sh(GuestUser::Root, "pgrep -o -u desk -x chromium")
+        .await?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+}
+
+/// Whether a Chromium window is mapped on the guest's display (`xdotool`).
+async fn chromium_window(guest: &Guest) -> Result<bool> {
+    let out = guest
+        .sh(
+            GuestUser::Desk,
+            "xdotool search --onlyvisible --class chromium",
+        )
+        .await?;
+    Ok(out.status.success() && !out.stdout.is_empty())
+}
+
+/// Starts a windowed Chromium as `desk` on the desktop's own profile, as a
+/// person would, and waits for its window; its main pid.
+async fn open_chromium(guest: &Guest) -> Result<u32> {
+    guest
+        .sh_detached(
+            GuestUser::Desk,
+            "exec chromium --no-sandbox --no-first-run --no-default-browser-check --disable-gpu \
+             about:blank > /tmp/dormouse-chromium-window.log 2>&1",
+        )
+        .await?;
+    let started = std::time::Instant::now();
+    loop {
+        if let (Some(pid), true) = (chromium_main(guest).await?, chromium_window(guest).await?) {
+            return Ok(pid);
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "chromium never showed a window"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until Chromium runs again after the export — a new main process
+/// (not `before`, which the quiesce closed) with a window on the display,
+/// started with `--restore-last-session` — and returns its pid.
+async fn chromium_back(guest: &Guest, before: u32) -> Result<u32> {
+    let started = std::time::Instant::now();
+    loop {
+        let main = chromium_main(guest).await?;
+        if let Some(pid) = main.filter(|p| *p != before) {
+            if chromium_window(guest).await? {
+                let args = guest
+                    .sh_ok(GuestUser::Root, &format!("ps -o args= -p {pid}"))
+                    .await?;
+                ensure!(
+                    args.contains("--restore-last-session"),
+                    "chromium came back without restoring its session: {args}"
+                );
+                return Ok(pid);
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let log = std::process::Command::new("docker")
+                .args(["logs", "--tail", "40", guest.container()])
+                .output()
+                .map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned())
+                .unwrap_or_default();
+            anyhow::bail!(
+                "chromium did not run again after the export (main process now: {main:?}, \
+                 before: {before}); the supervisor's log ends:\n{log}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
