@@ -6,11 +6,11 @@
 //! Names that came from the workspace are printed escaped: the guest chose
 //! them.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use dormouse_client::{Client, Fetched};
+use dormouse_client::{Client, Fetched, Upload};
 use dormouse_protocol::workspace::EntryType;
 
 use super::escape::Safe;
@@ -120,12 +120,13 @@ pub(crate) async fn run(
             }
             (None, Some((who, path))) => {
                 let id = resolve(client, who).await?;
-                let bytes = read_input(if src == "-" {
+                let body = upload_from(if src == "-" {
                     None
                 } else {
                     Some(src.clone().into())
-                })?;
-                let written = client.write_file(id, path, bytes, true).await?;
+                })
+                .await?;
+                let written = client.write_file(id, path, body, true).await?;
                 if json {
                     print_json(out, &written)
                 } else {
@@ -237,7 +238,7 @@ pub(crate) async fn run(
             name,
             owner,
         } => {
-            let tar = read_input(input)?;
+            let tar = upload_from(input).await?;
             if new {
                 let status = client
                     .create_from_tar(name.as_deref(), owner.as_deref(), tar)
@@ -270,24 +271,15 @@ fn remote(arg: &str) -> Option<(&str, &str)> {
     (!who.is_empty() && !who.contains('/')).then_some((who, path))
 }
 
-/// The whole of a local file, or of stdin.
-fn read_input(file: Option<PathBuf>) -> Result<Vec<u8>, CliError> {
-    let mut bytes = Vec::new();
+/// A local file, or stdin, streamed to the broker as it is read (never
+/// held whole in memory).
+async fn upload_from(file: Option<PathBuf>) -> Result<Upload, CliError> {
     match file {
-        Some(path) => {
-            bytes = std::fs::read(&path).map_err(|source| CliError::Io { path, source })?;
-        }
-        None => {
-            std::io::stdin()
-                .lock()
-                .read_to_end(&mut bytes)
-                .map_err(|source| CliError::Io {
-                    path: "<stdin>".into(),
-                    source,
-                })?;
-        }
+        Some(path) => Upload::file(&path)
+            .await
+            .map_err(|source| CliError::Io { path, source }),
+        None => Ok(Upload::reader(tokio::io::stdin())),
     }
-    Ok(bytes)
 }
 
 #[cfg(test)]
