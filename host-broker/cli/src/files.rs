@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use dormouse_client::{Client, Fetched, Upload};
+use dormouse_client::{Client, Fetched, Saved, Upload};
 use dormouse_protocol::workspace::EntryType;
 
 use super::escape::Safe;
@@ -92,30 +92,34 @@ pub(crate) async fn run(
             )),
             (Some((who, path)), None) => {
                 let id = resolve(client, who).await?;
-                let bytes = match client.fetch(id, path).await? {
-                    Fetched::File(bytes) => bytes,
-                    Fetched::Dir(_) => {
-                        return Err(CliError::Failed(format!(
-                            "{} is a directory (list it with `dormouse files`)",
-                            Safe(path)
-                        )))
-                    }
+                let is_dir = || {
+                    CliError::Failed(format!(
+                        "{} is a directory (list it with `dormouse files`)",
+                        Safe(path)
+                    ))
                 };
                 if dst == "-" {
-                    out.write_all(&bytes).map_err(stdout)?;
-                    return Ok(());
+                    return match client.fetch_into(id, path, out).await? {
+                        Saved::File(_) => Ok(()),
+                        Saved::Dir(_) => Err(is_dir()),
+                    };
                 }
-                std::fs::write(&dst, &bytes).map_err(|source| CliError::Io {
-                    path: dst.clone().into(),
-                    source,
-                })?;
+                // Streamed into the file, which is only created once the
+                // broker answers with a file (a directory leaves nothing).
+                let mut file = LazyFile::new(PathBuf::from(&dst));
+                let saved = client.fetch_into(id, path, &mut file).await;
+                let bytes = match saved? {
+                    Saved::File(bytes) => bytes,
+                    Saved::Dir(_) => return Err(is_dir()),
+                };
+                file.finish()?;
                 if json {
                     print_json(
                         out,
-                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes.len() }),
+                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes }),
                     )
                 } else {
-                    writeln!(out, "copied {} bytes to {dst}", bytes.len()).map_err(stdout)
+                    writeln!(out, "copied {bytes} bytes to {dst}").map_err(stdout)
                 }
             }
             (None, Some((who, path))) => {
@@ -269,6 +273,47 @@ pub(crate) async fn run(
 fn remote(arg: &str) -> Option<(&str, &str)> {
     let (who, path) = arg.split_once(':')?;
     (!who.is_empty() && !who.contains('/')).then_some((who, path))
+}
+
+/// A local file created on the first write (or by [`LazyFile::finish`],
+/// for an empty one), so an answer that is not a file leaves none behind.
+struct LazyFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl LazyFile {
+    fn new(path: PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    fn open(&mut self) -> std::io::Result<&mut std::fs::File> {
+        match &mut self.file {
+            Some(f) => Ok(f),
+            slot => Ok(slot.insert(std::fs::File::create(&self.path)?)),
+        }
+    }
+
+    /// Creates the file if nothing was written, and syncs it.
+    fn finish(mut self) -> Result<(), CliError> {
+        let path = self.path.clone();
+        self.open()
+            .and_then(|f| f.sync_all())
+            .map_err(|source| CliError::Io { path, source })
+    }
+}
+
+impl Write for LazyFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.open()?.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.file {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A local file, or stdin, streamed to the broker as it is read (never

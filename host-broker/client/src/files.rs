@@ -113,7 +113,61 @@ pub enum Fetched {
     Dir(Listing),
 }
 
+/// What [`Client::fetch_into`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Saved {
+    /// A regular file, this many bytes of it written to the writer.
+    File(u64),
+    /// A directory's listing (nothing was written).
+    Dir(Listing),
+}
+
 impl Client {
+    /// `GET /v1/computers/{id}/files/{path}`, streamed: a file's bytes go
+    /// into `out` chunk by chunk as they arrive (never held whole); a
+    /// directory's listing is returned instead. A transfer that breaks off
+    /// is an error (what `out` got is then incomplete). Never wakes the
+    /// desktop.
+    pub async fn fetch_into(
+        &self,
+        id: Uuid,
+        path: impl AsRef<[u8]>,
+        out: &mut (dyn Write + Send),
+    ) -> Result<Saved, Error> {
+        let route = files_path(id, path.as_ref(), "");
+        let method = Method::GET;
+        let mut response = self
+            .request(method.clone(), &route)
+            .timeout(STREAM_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| transport(&method, &route, e))?;
+        let json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let status = response.status();
+        if !status.is_success() || json {
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| transport(&method, &route, e))?;
+            if !status.is_success() {
+                return Err(answer_error(method, &route, status, &bytes));
+            }
+            return serde_json::from_slice(&bytes)
+                .map(Saved::Dir)
+                .map_err(|source| Error::Decode {
+                    method,
+                    path: route,
+                    source,
+                });
+        }
+        let written = copy_body(&mut response, &method, &route, out).await?;
+        Ok(Saved::File(written))
+    }
+
     /// `GET /v1/computers/{id}/files/{path}`: a file's bytes or a
     /// directory's listing (`path` empty: the workspace root). Never wakes
     /// the desktop.
@@ -217,25 +271,7 @@ impl Client {
                 .map_err(|e| transport(&method, &route, e))?;
             return Err(answer_error(method, &route, status, &bytes));
         }
-        let mut written = 0u64;
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| transport(&method, &route, e))?
-        {
-            out.write_all(&chunk).map_err(|source| Error::Io {
-                method: method.clone(),
-                path: route.clone(),
-                source,
-            })?;
-            written += u64::try_from(chunk.len()).unwrap_or(u64::MAX);
-        }
-        out.flush().map_err(|source| Error::Io {
-            method,
-            path: route,
-            source,
-        })?;
-        Ok(written)
+        copy_body(&mut response, &method, &route, out).await
     }
 
     /// `PUT /v1/computers/{id}/workspace`: replaces a stopped desktop's
@@ -310,6 +346,34 @@ impl Client {
             source,
         })
     }
+}
+
+/// Writes a response's body into `out` chunk by chunk; the bytes written.
+async fn copy_body(
+    response: &mut reqwest::Response,
+    method: &Method,
+    route: &str,
+    out: &mut (dyn Write + Send),
+) -> Result<u64, Error> {
+    let mut written = 0u64;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport(method, route, e))?
+    {
+        out.write_all(&chunk).map_err(|source| Error::Io {
+            method: method.clone(),
+            path: route.to_owned(),
+            source,
+        })?;
+        written += u64::try_from(chunk.len()).unwrap_or(u64::MAX);
+    }
+    out.flush().map_err(|source| Error::Io {
+        method: method.clone(),
+        path: route.to_owned(),
+        source,
+    })?;
+    Ok(written)
 }
 
 #[cfg(test)]
