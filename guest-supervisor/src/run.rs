@@ -4,9 +4,10 @@
 //! Owns the order of things: init duties (subreaper, reaper, signals)
 //! before any child exists; identity; the run directory and the guest
 //! socket; preparation; services and the self-probe; serving quiesce
-//! requests (and reopening what held ones closed, once released); and on SIGTERM/SIGINT the graceful stop — browsers first, then
-//! VNC, window manager, X, stragglers — returning only once every child has
-//! been reaped. It never exits on a recoverable problem: a desktop that
+//! requests (and reopening what held ones closed, once released); and on
+//! SIGTERM/SIGINT the graceful stop — browsers first, then VNC, window
+//! manager, X, stragglers — returning only once every child has been
+//! reaped. It never exits on a recoverable problem: a desktop that
 //! cannot be fully prepared still starts and reports why it is degraded.
 
 use std::sync::Arc;

@@ -110,7 +110,10 @@ pub async fn close_and_remember(
     let started = Instant::now();
     let supervised = services.browser_names();
     let remembered_services = supervised.clone();
-    let skip: BTreeSet<u32> = services.service_pids().into_iter().collect();
+    // The browser services' groups close through their service. Only
+    // theirs: a browser opened from the window manager's menu runs in the
+    // window manager's group, and is the user's, to close like any other.
+    let skip: BTreeSet<u32> = services.browser_pids().into_iter().collect();
     let user = async {
         let procs = match desktop_processes(config, scope(is_pid1)) {
             Ok(procs) => procs,

@@ -515,7 +515,7 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
         .write_synced(GuestUser::Desk, WORKSPACE_MARKER, markers.token())
         .await?;
     markers.write_browser_profiles(&guest_a).await?;
-    // A browser on the desktop, started by its user, on the desktop's own
+    // A browser opened from the desktop's menu, on the desktop's own
     // profile: the export's quiesce closes it, and it must come back.
     let before = open_chromium(&guest_a).await?;
 
@@ -599,14 +599,15 @@ async fn chromium_window(guest: &Guest) -> Result<bool> {
     Ok(out.status.success() && !out.stdout.is_empty())
 }
 
-/// Starts a windowed Chromium as `desk` on the desktop's own profile, as a
-/// person would, and waits for its window; its main pid.
+/// Opens Chromium as a person would, from the desktop's menu (a right
+/// click on the desktop, then its second item), on the desktop's own
+/// profile, and waits for its window; its main pid. It runs in the window
+/// manager's process group, as everything started from the menu does.
 async fn open_chromium(guest: &Guest) -> Result<u32> {
     guest
-        .sh_detached(
+        .sh_ok(
             GuestUser::Desk,
-            "exec chromium --no-sandbox --no-first-run --no-default-browser-check --disable-gpu \
-             about:blank > /tmp/dormouse-chromium-window.log 2>&1",
+            "xdotool mousemove 640 400 click 3 && sleep 0.5 && xdotool key Down Down Return",
         )
         .await?;
     let started = std::time::Instant::now();

@@ -472,6 +472,15 @@ impl Services {
             .collect()
     }
 
+    /// Pids (= process-group ids) of the running browser services.
+    pub fn browser_pids(&self) -> Vec<u32> {
+        self.handles
+            .iter()
+            .filter(|h| matches!(h.kind, ServiceKind::Browser(_)))
+            .filter_map(|h| *h.pid.borrow())
+            .collect()
+    }
+
     /// The current run states, in start order.
     pub fn states(&self) -> Vec<ServiceRunState> {
         self.table.states()
