@@ -656,3 +656,80 @@ async fn chromium_back(guest: &Guest, before: u32) -> Result<u32> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The desktop image with its browser autostarted (`DORMOUSE_BROWSER`), as
+/// an image of its own made for this test; removed when dropped.
+struct AutostartImage(String);
+
+impl AutostartImage {
+    fn build(image: &str) -> Result<Self> {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("docker")
+            .args(["build", "-q", "--label", "dev.dormouse.test=autostart", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("docker build")?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(format!("FROM {image}\nENV DORMOUSE_BROWSER=chromium\n").as_bytes())?;
+        let out = child.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "docker build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Self(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+    }
+}
+
+impl Drop for AutostartImage {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["image", "rm", "-f", &self.0])
+            .output();
+    }
+}
+
+/// A desktop whose Chromium is the supervisor's autostarted service: the
+/// export's quiesce stops the service, and once the archive is read the
+/// service runs again (a new main process, its window mapped, its session
+/// restored), while the archive is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
+    let Some(image) = setup("an_export_starts_the_autostarted_browser_again") else {
+        return Ok(());
+    };
+    let autostart = AutostartImage::build(&image)?;
+    let broker = BrokerProcess::start(BrokerOptions::new(&autostart.0)).await?;
+    let result = async {
+        let (api, _events, id) = ready_desktop(&broker, "autostart").await?;
+        let guest = Guest::for_computer(id);
+        let started = std::time::Instant::now();
+        let before = loop {
+            if let (Some(pid), true) = (chromium_main(&guest).await?, chromium_window(&guest).await?)
+            {
+                break pid;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(90),
+                "the autostarted chromium never showed a window"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let mut archive = Vec::new();
+        let bytes = api.export(id, true, &mut archive).await?;
+        ensure!(bytes > 0 && archive.len() as u64 == bytes);
+        let after = chromium_back(&guest, before).await?;
+        eprintln!("autostarted chromium {before} stopped by the export's quiesce, running again as {after}");
+        Ok(())
+    }
+    .await;
+    let result = with_log(&broker, result);
+    drop(broker);
+    drop(autostart);
+    result
+}
