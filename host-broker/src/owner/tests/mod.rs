@@ -44,6 +44,8 @@ struct Script {
     holds: std::sync::atomic::AtomicUsize,
     /// Refuse `quiesce_hold` as a guest older than it does.
     no_hold: AtomicBool,
+    /// Never answer `quiesce_hold` (a hung guest).
+    silent_hold: AtomicBool,
 }
 
 impl Script {
@@ -59,6 +61,7 @@ impl Script {
             flood: std::sync::atomic::AtomicUsize::new(0),
             holds: std::sync::atomic::AtomicUsize::new(0),
             no_hold: AtomicBool::new(false),
+            silent_hold: AtomicBool::new(false),
         })
     }
 
@@ -152,6 +155,10 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     let _ = stream
                         .write_all(&frame::encode(&refusal, &[]).unwrap())
                         .await;
+                    return;
+                }
+                Request::QuiesceHold { .. } if script.silent_hold.load(Ordering::SeqCst) => {
+                    let _ = stream.read(&mut chunk).await;
                     return;
                 }
                 Request::QuiesceHold { .. } => {

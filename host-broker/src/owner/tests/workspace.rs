@@ -178,3 +178,19 @@ async fn a_guest_without_holds_gets_the_plain_quiesce() {
     assert!(grant.quiesced, "the plain quiesce closed the browsers");
     assert!(grant.hold.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_does_not_answer_the_hold_leaves_the_export_unquiesced() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.script.silent_hold.store(true, Ordering::SeqCst);
+    let grant = tokio::time::timeout(
+        Duration::from_secs(30),
+        rig.handle
+            .workspace(id, WorkspaceAccess::Export { quiesce: true }),
+    )
+    .await
+    .expect("the grant comes within the quiesce's bound")
+    .unwrap();
+    assert!(!grant.quiesced && grant.hold.is_none(), "{grant:?}");
+}
