@@ -150,13 +150,23 @@ pub async fn input_idle_ms(config: &Config) -> Result<u64, XError> {
     .await
 }
 
-/// The answer to `activity`: input idle time (when X answers) and busy
-/// processes, sampled concurrently.
+/// The more recent of two inputs (idle times in ms; `None`: no such input).
+fn latest_input(x_idle_ms: Option<u64>, terminal_idle_ms: Option<u64>) -> Option<u64> {
+    match (x_idle_ms, terminal_idle_ms) {
+        (Some(x), Some(t)) => Some(x.min(t)),
+        (x, t) => x.or(t),
+    }
+}
+
+/// The answer to `activity`: input idle time (X input when X answers, and
+/// keystrokes into terminal sessions) and busy processes, sampled
+/// concurrently.
 pub async fn sample(config: &Config) -> Activity {
     let (idle, busy) = tokio::join!(input_idle_ms(config), sample_busy(config));
-    let input_idle_ms = idle
+    let x_idle_ms = idle
         .map_err(|e| tracing::debug!(error = %e, "input idle time unavailable"))
         .ok();
+    let input_idle_ms = latest_input(x_idle_ms, crate::exec::terminal_input_idle_ms());
     let busy_processes = busy.unwrap_or_else(|e| {
         tracing::warn!(error = %e, proc_root = %config.proc_root.display(), "cannot sample processes");
         Vec::new()
@@ -189,6 +199,15 @@ mod tests {
             format!("{pid} ({comm}) R 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 1 0 12345 1000000 100\n"),
         )
         .expect("stat");
+    }
+
+    #[test]
+    fn terminal_input_counts_like_x_input() {
+        assert_eq!(latest_input(Some(5000), Some(20)), Some(20));
+        assert_eq!(latest_input(Some(10), Some(20_000)), Some(10));
+        assert_eq!(latest_input(None, Some(20)), Some(20));
+        assert_eq!(latest_input(Some(7), None), Some(7));
+        assert_eq!(latest_input(None, None), None);
     }
 
     fn proc_dir() -> (tempfile::TempDir, PathBuf) {

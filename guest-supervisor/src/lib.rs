@@ -19,6 +19,7 @@ pub mod nofollow;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;
+pub mod reopen;
 pub mod run;
 pub mod screenshot;
 pub mod services;

@@ -4,9 +4,10 @@
 //! Owns the order of things: init duties (subreaper, reaper, signals)
 //! before any child exists; identity; the run directory and the guest
 //! socket; preparation; services and the self-probe; serving quiesce
-//! requests; and on SIGTERM/SIGINT the graceful stop — browsers first, then
-//! VNC, window manager, X, stragglers — returning only once every child has
-//! been reaped. It never exits on a recoverable problem: a desktop that
+//! requests (and reopening what held ones closed, once released); and on
+//! SIGTERM/SIGINT the graceful stop — browsers first, then VNC, window
+//! manager, X, stragglers — returning only once every child has been
+//! reaped. It never exits on a recoverable problem: a desktop that
 //! cannot be fully prepared still starts and reports why it is degraded.
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::services::Services;
 use crate::state::{QuiesceRequest, StatusCell};
-use crate::{identity, init, prepare, probe, socket, stop};
+use crate::{identity, init, prepare, probe, reopen, socket, stop};
 
 /// Why the supervisor could not run at all.
 #[derive(Debug, thiserror::Error)]
@@ -116,17 +117,33 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
         }
     });
 
+    // Quiesce holds (an export of the running desktop): what they closed
+    // comes back when the last one ends.
+    let mut holds = reopen::Holds::default();
     let stop_signal = loop {
         tokio::select! {
             _ = sigterm.recv() => break Signal::SIGTERM,
             _ = sigint.recv() => break Signal::SIGINT,
             _ = sighup.recv() => services.forward(Signal::SIGHUP),
-            Some(request) = quiesce_rx.recv() => {
-                let bound = request.timeout.min(Duration::from_millis(config.quiesce_max_ms));
-                let quiesced = stop::close_browsers(&mut services, &config, is_pid1, bound).await;
-                // The client may have hung up meanwhile.
-                let _ = request.reply.send(quiesced);
-            }
+            Some(request) = quiesce_rx.recv() => match request {
+                QuiesceRequest::Close { timeout, hold, reply } => {
+                    let bound = timeout.min(Duration::from_millis(config.quiesce_max_ms));
+                    let (quiesced, closed) =
+                        stop::close_and_remember(&mut services, &config, is_pid1, bound).await;
+                    if hold {
+                        holds.take(closed);
+                    }
+                    // The client may have hung up meanwhile.
+                    let _ = reply.send(quiesced);
+                }
+                QuiesceRequest::Release => {
+                    if let Some(closed) = holds.release() {
+                        let services_back = services.reopen(&closed.services);
+                        let user_back = reopen::relaunch(&config, &closed.user);
+                        tracing::info!(services = ?services_back, user = ?user_back, "browsers reopened after the last quiesce hold");
+                    }
+                }
+            },
         }
     };
 

@@ -8,14 +8,15 @@
 //! supervisor's own, so every start recovers from what a previous one, or a
 //! hostile guest root, left there), accepting connections, reading bounded
 //! frames and answering requests (`hello`, `status`, `watch`, `screenshot`,
-//! `quiesce`, `activity`, `actions`; `exec` and `pty_open` are served on
-//! their connection by [`crate::exec_socket`]). Everything a client sends is hostile until
+//! `quiesce`, `quiesce_hold`, `activity`, `actions`; `exec` and `pty_open`
+//! are served on their connection by [`crate::exec_socket`]). Everything a client sends is hostile until
 //! parsed: the 8-byte header is bounds-checked before anything is allocated,
 //! every read and write has a deadline (the shared
 //! [`dormouse_protocol::stream`] reader and writer), connections are capped,
 //! and a bad frame closes only its own connection. This module never changes
 //! the status (it reads the [`StatusCell`]) and never stops services itself
-//! (a `quiesce` is handed to the service runner).
+//! (a `quiesce`, and the end of a `quiesce_hold`, are handed to the service
+//! runner).
 
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd as _;
@@ -531,6 +532,11 @@ async fn serve_connection(stream: UnixStream, shared: &Shared) {
                 shared.exec.pty(open, &mut rd, &mut wr, io).await;
                 return;
             }
+            // The connection is the hold: served here, then closed.
+            Request::QuiesceHold { timeout_ms } => {
+                quiesce_hold(timeout_ms, &mut rd, &mut wr, shared, io).await;
+                return;
+            }
             other => other,
         };
         let (response, payload) = answer(request, shared).await;
@@ -588,10 +594,10 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
                 Vec::new(),
             ),
         },
-        Request::Quiesce { timeout_ms } => (quiesce(timeout_ms, shared).await, Vec::new()),
+        Request::Quiesce { timeout_ms } => (quiesce(timeout_ms, false, shared).await.0, Vec::new()),
         Request::Activity => reply(crate::activity::sample(&shared.config).await),
         // Served by `serve_connection` on their connection.
-        Request::Exec(_) | Request::PtyOpen(_) => (
+        Request::Exec(_) | Request::PtyOpen(_) | Request::QuiesceHold { .. } => (
             Response::error("bad_request", "served on its own connection"),
             Vec::new(),
         ),
@@ -646,8 +652,10 @@ async fn actions(
 
 /// Hands a quiesce to the service runner and waits for its answer within
 /// the bound (clamped to `quiesce_max_ms`). Past the bound the answer is
-/// `complete: false`; the broker stops the container either way.
-async fn quiesce(timeout_ms: u64, shared: &Shared) -> Response {
+/// `complete: false`; the broker stops the container either way. The flag
+/// says whether the runner took the request (a taken hold must be
+/// released).
+async fn quiesce(timeout_ms: u64, hold: bool, shared: &Shared) -> (Response, bool) {
     let bound = Duration::from_millis(timeout_ms.min(shared.config.quiesce_max_ms));
     let started = Instant::now();
     let deadline = started + bound;
@@ -659,23 +667,46 @@ async fn quiesce(timeout_ms: u64, shared: &Shared) -> Response {
         })
     };
     let (reply, answer) = oneshot::channel();
-    let request = QuiesceRequest {
+    let request = QuiesceRequest::Close {
         timeout: bound,
+        hold,
         reply,
     };
     match timeout_at(deadline, shared.quiesce.send(request)).await {
-        Err(_) => return incomplete(started),
+        Err(_) => return (incomplete(started), false),
         Ok(Err(_)) => {
-            return Response::error(
+            let refused = Response::error(
                 "quiesce_unavailable",
                 "the service runner is not taking quiesce requests",
-            )
+            );
+            return (refused, false);
         }
         Ok(Ok(())) => {}
     }
     match timeout_at(deadline + QUIESCE_GRACE, answer).await {
-        Ok(Ok(done)) => Response::Quiesced(done),
-        Ok(Err(_)) | Err(_) => incomplete(started),
+        Ok(Ok(done)) => (Response::Quiesced(done), true),
+        Ok(Err(_)) | Err(_) => (incomplete(started), true),
+    }
+}
+
+/// Serves `quiesce_hold`: the quiesce and its answer, then the hold for as
+/// long as the connection stays open (end of stream, an error or any byte
+/// ends it; no idle bound applies), then the release, so the runner
+/// reopens what the hold closed once no other hold is open.
+async fn quiesce_hold<R, W>(timeout_ms: u64, rd: &mut R, wr: &mut W, shared: &Shared, io: Duration)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (response, taken) = quiesce(timeout_ms, true, shared).await;
+    if write_response(wr, &response, &[], io).await.is_ok() && taken {
+        let mut scratch = [0u8; 64];
+        let _ = rd.read(&mut scratch).await;
+    }
+    if taken {
+        // Waits only while the runner is busy with another request; it
+        // never stops taking them before the supervisor ends.
+        let _ = shared.quiesce.send(QuiesceRequest::Release).await;
     }
 }
 
@@ -1228,9 +1259,16 @@ mod tests {
         let mut guest = start();
         let mut rx = guest.quiesce_rx.take().expect("receiver");
         let runner = tokio::spawn(async move {
-            let request = rx.recv().await.expect("a quiesce");
-            assert_eq!(request.timeout, Duration::from_millis(3000));
-            let _ = request.reply.send(Quiesced {
+            let Some(QuiesceRequest::Close {
+                timeout,
+                hold: false,
+                reply,
+            }) = rx.recv().await
+            else {
+                panic!("a quiesce");
+            };
+            assert_eq!(timeout, Duration::from_millis(3000));
+            let _ = reply.send(Quiesced {
                 closed: vec!["browser".into()],
                 complete: true,
                 elapsed_ms: 12,
@@ -1256,7 +1294,10 @@ mod tests {
         let runner = tokio::spawn(async move {
             let request = rx.recv().await.expect("a quiesce");
             // Asked for an hour, clamped to quiesce_max_ms.
-            assert_eq!(request.timeout, Duration::from_millis(2000));
+            let QuiesceRequest::Close { timeout, .. } = &request else {
+                panic!("{request:?}");
+            };
+            assert_eq!(*timeout, Duration::from_millis(2000));
             tokio::time::sleep(Duration::from_secs(3600)).await;
             drop(request);
         });
@@ -1273,6 +1314,41 @@ mod tests {
             other => panic!("{other:?}"),
         }
         runner.abort();
+    }
+
+    #[tokio::test]
+    async fn a_held_quiesce_is_released_once_its_connection_ends() {
+        let mut guest = start();
+        let mut rx = guest.quiesce_rx.take().expect("receiver");
+        let mut c = connect(&guest).await;
+        send(&mut c, &Request::QuiesceHold { timeout_ms: 3000 }).await;
+        let Some(QuiesceRequest::Close {
+            hold: true, reply, ..
+        }) = timeout(GUARD, rx.recv()).await.expect("in time")
+        else {
+            panic!("a held quiesce");
+        };
+        let _ = reply.send(Quiesced {
+            closed: vec!["browser".into()],
+            complete: true,
+            elapsed_ms: 3,
+        });
+        match recv(&mut c).await.expect("an answer").message {
+            Response::Quiesced(q) => assert_eq!(q.closed, vec!["browser".to_owned()]),
+            other => panic!("{other:?}"),
+        }
+        // Held while the connection stays open: nothing is released.
+        assert!(
+            timeout(Duration::from_millis(300), rx.recv())
+                .await
+                .is_err(),
+            "released while the hold was still open"
+        );
+        drop(c);
+        match timeout(GUARD, rx.recv()).await.expect("in time") {
+            Some(QuiesceRequest::Release) => {}
+            other => panic!("expected the release, got {other:?}"),
+        }
     }
 
     #[tokio::test]

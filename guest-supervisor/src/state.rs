@@ -278,12 +278,22 @@ mod tests {
     }
 }
 
-/// A request to close the browsers cleanly before a stop, served by the
-/// service runner; the socket's `quiesce` sends one and awaits the reply.
+/// A request to the service runner about the browsers: close them cleanly
+/// (before a stop, or held for an export), or end a hold. The socket's
+/// `quiesce` and `quiesce_hold` send these and await the replies.
 #[derive(Debug)]
-pub struct QuiesceRequest {
-    /// Upper bound for the whole quiesce.
-    pub timeout: std::time::Duration,
-    /// Where the outcome goes.
-    pub reply: tokio::sync::oneshot::Sender<dormouse_protocol::Quiesced>,
+pub enum QuiesceRequest {
+    /// Close every browser within `timeout`. With `hold`, what it closed is
+    /// started again once this hold and every other one is released.
+    Close {
+        /// Upper bound for the whole quiesce.
+        timeout: std::time::Duration,
+        /// Keep them closed until a [`QuiesceRequest::Release`], then reopen.
+        hold: bool,
+        /// Where the outcome goes.
+        reply: tokio::sync::oneshot::Sender<dormouse_protocol::Quiesced>,
+    },
+    /// One hold ended (sent exactly once per `Close { hold: true }` that
+    /// was handed over).
+    Release,
 }

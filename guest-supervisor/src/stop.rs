@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::procfs::{self, ProcessInfo, Stat};
+use crate::reopen::{Closed, Relaunch, MAX_RELAUNCHES};
 use crate::services::Services;
 use crate::x_client;
 
@@ -94,15 +95,31 @@ pub async fn close_browsers(
     is_pid1: bool,
     bound: Duration,
 ) -> Quiesced {
+    close_and_remember(services, config, is_pid1, bound).await.0
+}
+
+/// [`close_browsers`], also saying what it closed in a form that can be
+/// started again ([`crate::reopen`]): the browser services, and the user's
+/// browsers as captured just before they were asked to close.
+pub async fn close_and_remember(
+    services: &mut Services,
+    config: &Config,
+    is_pid1: bool,
+    bound: Duration,
+) -> (Quiesced, Closed) {
     let started = Instant::now();
     let supervised = services.browser_names();
-    let skip: BTreeSet<u32> = services.service_pids().into_iter().collect();
+    let remembered_services = supervised.clone();
+    // The browser services' groups close through their service. Only
+    // theirs: a browser opened from the window manager's menu runs in the
+    // window manager's group, and is the user's, to close like any other.
+    let skip: BTreeSet<u32> = services.browser_pids().into_iter().collect();
     let user = async {
         let procs = match desktop_processes(config, scope(is_pid1)) {
             Ok(procs) => procs,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list processes");
-                return (Vec::new(), false);
+                return (Vec::new(), false, Vec::new());
             }
         };
         let mains: Vec<ProcessInfo> = browser_mains(&procs)
@@ -111,12 +128,17 @@ pub async fn close_browsers(
             .cloned()
             .collect();
         let pids: Vec<u32> = mains.iter().map(|p| p.pid).collect();
+        let captured: Vec<Relaunch> = mains
+            .iter()
+            .filter_map(|p| Relaunch::capture(&config.proc_root, p.pid))
+            .take(MAX_RELAUNCHES)
+            .collect();
         let complete = close_politely(config, &pids, bound).await;
         let names = mains
             .iter()
             .map(|p| format!("{} ({})", p.comm, p.pid))
             .collect();
-        (names, complete)
+        (names, complete, captured)
     };
     let ours = async {
         let mut closed = Vec::new();
@@ -130,7 +152,8 @@ pub async fn close_browsers(
         }
         (closed, complete)
     };
-    let ((mut closed, ours_complete), (user_closed, user_complete)) = tokio::join!(ours, user);
+    let ((mut closed, ours_complete), (user_closed, user_complete, captured)) =
+        tokio::join!(ours, user);
     closed.extend(user_closed);
     let elapsed_ms = crate::millis(started.elapsed());
     tracing::info!(
@@ -139,11 +162,16 @@ pub async fn close_browsers(
         elapsed_ms,
         "browsers closed"
     );
-    Quiesced {
+    let quiesced = Quiesced {
         closed,
         complete: ours_complete && user_complete,
         elapsed_ms,
-    }
+    };
+    let remembered = Closed {
+        services: remembered_services,
+        user: captured,
+    };
+    (quiesced, remembered)
 }
 
 /// Closes the processes `pids` (browser main processes): their windows

@@ -382,6 +382,24 @@ impl GuestConnection {
             .message)
     }
 
+    /// Asks the guest to close browsers cleanly within `limit` and keep
+    /// them closed while the returned hold lives: dropping it closes the
+    /// connection, and the guest starts again what this quiesce closed
+    /// once no other hold is open. An older guest refuses it as
+    /// `unknown_kind`.
+    pub async fn quiesce_hold(
+        mut self,
+        limit: Duration,
+    ) -> Result<(Quiesced, QuiesceHold), GuestError> {
+        let timeout_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        let wait = limit + Duration::from_secs(1);
+        let done = self
+            .call_within(call::QuiesceHold { timeout_ms }, wait)
+            .await?
+            .message;
+        Ok((done, QuiesceHold { _conn: self }))
+    }
+
     /// A PNG of the whole screen.
     pub async fn screenshot(&mut self) -> Result<Vec<u8>, GuestError> {
         let answer = self
@@ -427,6 +445,15 @@ impl GuestConnection {
         self.send(&call::Watch.into()).await?;
         Ok(GuestWatch { conn: self })
     }
+}
+
+/// A held quiesce ([`GuestConnection::quiesce_hold`]): the guest keeps the
+/// browsers it closed closed while this lives, and reopens them once it is
+/// dropped (and no other hold is open). Nothing is ever read or written on
+/// it after the answer.
+#[derive(Debug)]
+pub struct QuiesceHold {
+    _conn: GuestConnection,
 }
 
 /// The answer `A` to the request of kind `to`, or why `response` is not one.

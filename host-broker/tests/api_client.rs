@@ -258,3 +258,110 @@ async fn the_generation_goes_with_every_call_but_reads() {
     let unfenced = api.with_generation(None);
     assert_eq!(body_of(unfenced.stop(id).await.expect_err("502")), "none");
 }
+
+/// What the upload route below saw: the bytes it had when it first looked
+/// back, and the `Content-Length` the client sent.
+type Seen = tokio::sync::mpsc::UnboundedSender<(usize, Option<String>)>;
+
+/// A stand-in for the broker's upload routes: reports how much of the body
+/// arrived once `first` bytes did (or the body ended), reads the rest and
+/// answers as the broker would.
+async fn upload_route(
+    axum::extract::State((seen, first)): axum::extract::State<(Seen, usize)>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use futures_util::StreamExt as _;
+    let length = request
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .map(ToOwned::to_owned);
+    let workspace = request.uri().path().ends_with("/workspace");
+    let mut body = request.into_body().into_data_stream();
+    let mut n = 0usize;
+    let mut reported = false;
+    while let Some(chunk) = body.next().await {
+        n += chunk.expect("body").len();
+        if n >= first && !reported {
+            reported = true;
+            let _ = seen.send((n, length.clone()));
+        }
+    }
+    if !reported {
+        let _ = seen.send((n, length));
+    }
+    let bytes = u64::try_from(n).unwrap();
+    if workspace {
+        axum::Json(serde_json::json!({"files": 1, "dirs": 0, "bytes": bytes})).into_response()
+    } else {
+        axum::Json(serde_json::json!({"bytes": bytes, "created": true})).into_response()
+    }
+}
+
+/// Uploads stream: the server holds the first MiB of an import while the
+/// reader it comes from has not ended (a client that buffered the body
+/// would send nothing yet), and a file goes with its size as
+/// `Content-Length`.
+#[tokio::test]
+async fn uploads_stream_from_readers_and_files() {
+    use tokio::io::AsyncWriteExt as _;
+    const FIRST: usize = 1 << 20;
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let router = axum::Router::new()
+        .route(
+            "/v1/computers/{id}/workspace",
+            axum::routing::put(upload_route),
+        )
+        .route(
+            "/v1/computers/{id}/files/{*path}",
+            axum::routing::put(upload_route),
+        )
+        .with_state((seen_tx, FIRST));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let api = Client::new(Endpoint::tcp(addr), TOKEN).unwrap();
+    let id = uuid::Uuid::new_v4();
+
+    let (mut writer, reader) = tokio::io::duplex(64 * 1024);
+    let upload = tokio::spawn({
+        let api = api.clone();
+        async move {
+            api.import(id, dormouse_client::Upload::reader(reader))
+                .await
+        }
+    });
+    writer.write_all(&vec![7u8; FIRST]).await.unwrap();
+    let (arrived, length) = tokio::time::timeout(Duration::from_secs(20), seen.recv())
+        .await
+        .expect("the first MiB arrived while the reader was still open")
+        .unwrap();
+    assert!(arrived >= FIRST, "{arrived}");
+    assert_eq!(length, None, "a reader's length is unknown: chunked");
+    writer.write_all(&vec![8u8; 3 * FIRST]).await.unwrap();
+    drop(writer);
+    let imported = upload.await.unwrap().expect("import");
+    assert_eq!(imported.bytes, 4 * u64::try_from(FIRST).unwrap());
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("report.bin");
+    std::fs::write(&file, vec![1u8; 300_000]).unwrap();
+    let written = api
+        .write_file(
+            id,
+            "inbox/report.bin",
+            dormouse_client::Upload::file(&file).await.unwrap(),
+            true,
+        )
+        .await
+        .expect("write");
+    assert_eq!(written.bytes, 300_000);
+    let (_, length) = seen.recv().await.unwrap();
+    assert_eq!(length.as_deref(), Some("300000"));
+    assert!(dormouse_client::Upload::file(dir.path().join("missing"))
+        .await
+        .is_err());
+}

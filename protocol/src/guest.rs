@@ -135,7 +135,9 @@ pub struct BusyProcess {
 /// The answer to `activity`: what the broker's idle timer counts as use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Activity {
-    /// Milliseconds since the last X input event, when X answers.
+    /// Milliseconds since the last input: an X keyboard or pointer event
+    /// (when X answers) or a keystroke into a terminal session, whichever
+    /// came last; `None` when neither is known.
     pub input_idle_ms: Option<u64>,
     /// Whether any uid-1000 process is above the CPU threshold.
     pub busy: bool,
@@ -167,6 +169,15 @@ crate::guest_protocol! {
         /// Close browsers cleanly so their profiles flush; answer when done.
         "quiesce" => Quiesce {
             /// Upper bound the supervisor keeps to.
+            timeout_ms: u64,
+        } -> Quiesced;
+        /// `quiesce`, held: the browsers close the same way and the answer
+        /// is the same, then they stay closed while this connection stays
+        /// open. When it ends (or any byte arrives) the supervisor starts
+        /// again the browsers this quiesce closed, once no other hold is
+        /// open (an export of a running desktop holds one while it reads).
+        "quiesce_hold" => QuiesceHold {
+            /// Upper bound the supervisor keeps to for the closing.
             timeout_ms: u64,
         } -> Quiesced;
         /// Input idle time and busy processes.
@@ -232,6 +243,7 @@ mod tests {
                 "watch",
                 "screenshot",
                 "quiesce",
+                "quiesce_hold",
                 "activity",
                 "exec",
                 "pty_open",
@@ -271,6 +283,10 @@ mod tests {
             Request::Quiesce { timeout_ms: 5 }
         );
         assert_eq!(<call::Quiesce as Call>::KIND, "quiesce");
+        assert_eq!(
+            <<call::QuiesceHold as Call>::Answer as Answer>::KIND,
+            "quiesced"
+        );
         assert_eq!(
             <<call::Quiesce as Call>::Answer as Answer>::KIND,
             "quiesced"

@@ -16,7 +16,7 @@ use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::engine;
 use dormouse_e2e::{desktop_image, docker_available};
-use dormouse_protocol::api::{CreateComputer, LeaseRequest};
+use dormouse_protocol::api::{ContainerState, CreateComputer, LeaseRequest, StopReason};
 use dormouse_protocol::exec::{ExecRequest, ExecResultBody};
 use tokio::io::AsyncWriteExt as _;
 use uuid::Uuid;
@@ -293,6 +293,85 @@ async fn the_terminal_websocket_echoes_resizes_and_kills_on_close() -> Result<()
             .await
             .expect_err("unknown");
         ensure!(api_code(&e) == Some((404, "not_found")), "{e}");
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("--- dormoused log ---\n{}", broker.log_tail(6000));
+    }
+    result
+}
+
+/// The engine's word on whether the desktop's container runs.
+async fn engine_status(id: Uuid) -> Result<String> {
+    Ok(engine::inspect(&container(id))
+        .await?
+        .map_or_else(|| "missing".to_owned(), |f| f.status))
+}
+
+/// A person typing into the terminal WebSocket is using the desktop: with a
+/// 20 s idle window, two and a half windows of keystrokes (and nothing on
+/// the X display) never get it stopped; the same terminal left open and
+/// untouched does not hold it, and the idle stop comes within a window.
+/// The engine (`docker inspect`) is the witness of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_into_a_terminal_keeps_the_desktop_from_idling() -> Result<()> {
+    let Some(image) = setup("typing_into_a_terminal_keeps_the_desktop_from_idling") else {
+        return Ok(());
+    };
+    const WINDOW: Duration = Duration::from_secs(20);
+    let broker = BrokerProcess::start(BrokerOptions {
+        idle_timeout: Some("20s".into()),
+        ..BrokerOptions::new(&image)
+    })
+    .await?;
+    let api = broker.client();
+    let result = async {
+        let mut events = EventStream::open(&api).await?;
+        let id = api
+            .create(&CreateComputer {
+                name: Some("typing".into()),
+                ..CreateComputer::default()
+            })
+            .await?
+            .id;
+        api.wait_ready(&mut events, id, READY_TIMEOUT).await?;
+        let terminal = api.exec_ws(id, 24, 80, &["/bin/sh".to_owned()]).await?;
+        let (mut input, mut output) = (terminal.input, terminal.output);
+        let mut seen = Vec::new();
+        let typing = tokio::time::Instant::now();
+        let mut n = 0u32;
+        while typing.elapsed() < WINDOW * 5 / 2 {
+            n += 1;
+            // A shell builtin: no process, no CPU, only keystrokes.
+            input.send(format!("echo tick-{n}\r").as_bytes()).await?;
+            read_until(&mut output, &mut seen, &format!("tick-{n}")).await?;
+            let status = engine_status(id).await?;
+            ensure!(
+                status == "running",
+                "stopped after {:?} of typing: the engine says {status}",
+                typing.elapsed()
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        eprintln!("{n} lines typed over {:?}: still running", typing.elapsed());
+
+        // Open but untouched: the idle stop comes.
+        let quiet = tokio::time::Instant::now();
+        let stopped = api
+            .wait_for(&mut events, id, "the idle stop", WINDOW * 3, |s| {
+                s.container == ContainerState::Stopped && s.stop_reason.is_some()
+            })
+            .await?;
+        ensure!(
+            stopped.status.stop_reason == Some(StopReason::Idle),
+            "{:?}",
+            stopped.status
+        );
+        let status = engine_status(id).await?;
+        ensure!(status != "running", "the engine says {status}");
+        eprintln!("idle stop {:?} after the last keystroke", quiet.elapsed());
+        drop(input);
         Ok(())
     }
     .await;

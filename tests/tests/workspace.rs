@@ -3,7 +3,8 @@
 //! desktop never start it (the engine's own event stream is the witness)
 //! and never follow a link the guest planted; hostile archives change
 //! nothing; an export of a running desktop carries its browser login into a
-//! new desktop and, through `PUT`, into a stopped one.
+//! new desktop and, through `PUT`, into a stopped one, and the browser its
+//! quiesce closed runs again once the archive is read.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -514,6 +515,9 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
         .write_synced(GuestUser::Desk, WORKSPACE_MARKER, markers.token())
         .await?;
     markers.write_browser_profiles(&guest_a).await?;
+    // A browser opened from the desktop's menu, on the desktop's own
+    // profile: the export's quiesce closes it, and it must come back.
+    let before = open_chromium(&guest_a).await?;
 
     let started = std::time::Instant::now();
     let mut archive = Vec::new();
@@ -526,6 +530,8 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
     ensure!(bytes > 0 && archive.len() as u64 == bytes);
     let status = api.get(a).await?;
     ensure!(status.container == ContainerState::Running, "{status:?}");
+    let after = chromium_back(&guest_a, before).await?;
+    eprintln!("chromium {before} closed by the export's quiesce, running again as {after}");
     // Done with the source: free its slot for the new desktops.
     api.stop(a).await?;
     api.wait_stopped(&mut events, a, STOPPED_TIMEOUT).await?;
@@ -571,4 +577,159 @@ async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
     let (status, _) = refusal(api.import(b.id, tar(&[])).await)?;
     ensure!(status == StatusCode::CONFLICT, "{status}");
     Ok(())
+}
+
+/// Chromium's main process in the guest: the oldest `chromium` of `desk`
+/// (`pgrep`), if one runs.
+async fn chromium_main(guest: &Guest) -> Result<Option<u32>> {
+    let out = guest
+        .sh(GuestUser::Root, "pgrep -o -u desk -x chromium")
+        .await?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+}
+
+/// Whether a Chromium window is mapped on the guest's display (`xdotool`).
+async fn chromium_window(guest: &Guest) -> Result<bool> {
+    let out = guest
+        .sh(
+            GuestUser::Desk,
+            "xdotool search --onlyvisible --class chromium",
+        )
+        .await?;
+    Ok(out.status.success() && !out.stdout.is_empty())
+}
+
+/// Opens Chromium as a person would, from the desktop's menu (a right
+/// click on the desktop, then its second item), on the desktop's own
+/// profile, and waits for its window; its main pid. It runs in the window
+/// manager's process group, as everything started from the menu does.
+async fn open_chromium(guest: &Guest) -> Result<u32> {
+    guest
+        .sh_ok(
+            GuestUser::Desk,
+            "xdotool mousemove 640 400 click 3 && sleep 0.5 && xdotool key Down Down Return",
+        )
+        .await?;
+    let started = std::time::Instant::now();
+    loop {
+        if let (Some(pid), true) = (chromium_main(guest).await?, chromium_window(guest).await?) {
+            return Ok(pid);
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "chromium never showed a window"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until Chromium runs again after the export — a new main process
+/// (not `before`, which the quiesce closed) with a window on the display,
+/// started with `--restore-last-session` — and returns its pid.
+async fn chromium_back(guest: &Guest, before: u32) -> Result<u32> {
+    let started = std::time::Instant::now();
+    loop {
+        let main = chromium_main(guest).await?;
+        if let Some(pid) = main.filter(|p| *p != before) {
+            if chromium_window(guest).await? {
+                let args = guest
+                    .sh_ok(GuestUser::Root, &format!("ps -o args= -p {pid}"))
+                    .await?;
+                ensure!(
+                    args.contains("--restore-last-session"),
+                    "chromium came back without restoring its session: {args}"
+                );
+                return Ok(pid);
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let log = std::process::Command::new("docker")
+                .args(["logs", "--tail", "40", guest.container()])
+                .output()
+                .map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned())
+                .unwrap_or_default();
+            anyhow::bail!(
+                "chromium did not run again after the export (main process now: {main:?}, \
+                 before: {before}); the supervisor's log ends:\n{log}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The desktop image with its browser autostarted (`DORMOUSE_BROWSER`), as
+/// an image of its own made for this test; removed when dropped.
+struct AutostartImage(String);
+
+impl AutostartImage {
+    fn build(image: &str) -> Result<Self> {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("docker")
+            .args(["build", "-q", "--label", "dev.dormouse.test=autostart", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("docker build")?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(format!("FROM {image}\nENV DORMOUSE_BROWSER=chromium\n").as_bytes())?;
+        let out = child.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "docker build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Self(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+    }
+}
+
+impl Drop for AutostartImage {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["image", "rm", "-f", &self.0])
+            .output();
+    }
+}
+
+/// A desktop whose Chromium is the supervisor's autostarted service: the
+/// export's quiesce stops the service, and once the archive is read the
+/// service runs again (a new main process, its window mapped, its session
+/// restored), while the archive is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
+    let Some(image) = setup("an_export_starts_the_autostarted_browser_again") else {
+        return Ok(());
+    };
+    let autostart = AutostartImage::build(&image)?;
+    let broker = BrokerProcess::start(BrokerOptions::new(&autostart.0)).await?;
+    let result = async {
+        let (api, _events, id) = ready_desktop(&broker, "autostart").await?;
+        let guest = Guest::for_computer(id);
+        let started = std::time::Instant::now();
+        let before = loop {
+            if let (Some(pid), true) = (chromium_main(&guest).await?, chromium_window(&guest).await?)
+            {
+                break pid;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(90),
+                "the autostarted chromium never showed a window"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let mut archive = Vec::new();
+        let bytes = api.export(id, true, &mut archive).await?;
+        ensure!(bytes > 0 && archive.len() as u64 == bytes);
+        let after = chromium_back(&guest, before).await?;
+        eprintln!("autostarted chromium {before} stopped by the export's quiesce, running again as {after}");
+        Ok(())
+    }
+    .await;
+    let result = with_log(&broker, result);
+    drop(broker);
+    drop(autostart);
+    result
 }

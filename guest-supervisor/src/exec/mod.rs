@@ -78,7 +78,8 @@
 //! [`running_execs`] counts execs from their spawn until their processes
 //! are confirmed gone; the idle timer counts the desktop busy while it is
 //! above 0. [`open_terminals`] counts terminal sessions separately: an open
-//! but untouched terminal is not work.
+//! but untouched terminal is not work, but typing into one is use, as X
+//! input is ([`terminal_input_idle_ms`]).
 
 mod capture;
 pub mod kill;
@@ -129,6 +130,25 @@ pub fn running_execs() -> usize {
 /// How many terminal sessions are open now.
 pub fn open_terminals() -> usize {
     OPEN_TERMINALS.load(Ordering::Relaxed)
+}
+
+/// When a terminal session last got input (keystrokes or a resize), in
+/// milliseconds since [`INPUT_EPOCH`]; `u64::MAX` while none ever did.
+static TERMINAL_INPUT_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+static INPUT_EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// Records input into a terminal session now.
+pub fn note_terminal_input() {
+    let now = crate::millis(INPUT_EPOCH.elapsed());
+    TERMINAL_INPUT_AT.store(now, Ordering::Relaxed);
+}
+
+/// Milliseconds since a terminal session last got input, if one ever did
+/// in this process: the idle timer counts it like X input.
+pub fn terminal_input_idle_ms() -> Option<u64> {
+    let at = TERMINAL_INPUT_AT.load(Ordering::Relaxed);
+    (at != u64::MAX).then(|| crate::millis(INPUT_EPOCH.elapsed()).saturating_sub(at))
 }
 
 /// Counts one exec or session for as long as it lives.

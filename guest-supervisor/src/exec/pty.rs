@@ -225,7 +225,9 @@ impl PtySession {
     }
 
     /// Writes all of `data`, waiting while the terminal's input is full.
+    /// Input into a terminal is use of the desktop ([`super::note_terminal_input`]).
     pub async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
+        super::note_terminal_input();
         while !data.is_empty() {
             let n = self.write(data).await?;
             data = data.get(n..).unwrap_or_default();
@@ -236,6 +238,7 @@ impl PtySession {
     /// Changes the terminal's size; the foreground process gets `SIGWINCH`.
     pub fn resize(&self, rows: u16, cols: u16) -> Result<(), ExecError> {
         dormouse_protocol::exec::PtyInput::PtyResize { rows, cols }.validate()?;
+        super::note_terminal_input();
         set_size(self.master.get_ref(), rows, cols)?;
         Ok(())
     }

@@ -300,6 +300,9 @@ type StopSignal = watch::Receiver<Option<Duration>>;
 pub struct Services {
     table: Table,
     handles: Vec<ServiceHandle>,
+    /// What the tasks share, and every spec, to start a stopped one again.
+    ctx: Arc<Context>,
+    specs: Vec<ServiceSpec>,
 }
 
 #[derive(Debug)]
@@ -343,24 +346,43 @@ impl Services {
             started,
         });
         let handles = specs
-            .into_iter()
+            .iter()
             .enumerate()
-            .map(|(idx, spec)| {
-                let (stop_tx, stop_rx) = watch::channel(None);
-                let (pid_tx, pid_rx) = watch::channel(None);
-                let name = spec.name;
-                let kind = spec.kind;
-                let task = tokio::spawn(supervise(spec, idx, ctx.clone(), stop_rx, pid_tx));
-                ServiceHandle {
-                    name,
-                    kind,
-                    stop: stop_tx,
-                    pid: pid_rx,
-                    task: Some(task),
-                }
-            })
+            .map(|(idx, spec)| spawn_task(spec.clone(), idx, &ctx))
             .collect();
-        Self { table, handles }
+        Self {
+            table,
+            handles,
+            ctx,
+            specs,
+        }
+    }
+
+    /// Starts again those of the services `names` that were stopped
+    /// ([`Services::stop_service`]), each as on the first start (it waits
+    /// for the services before it, with a fresh restart history; Chromium
+    /// with `--restore-last-session`). Returns the names it started.
+    pub fn reopen(&mut self, names: &[&str]) -> Vec<&'static str> {
+        let mut started = Vec::new();
+        for (idx, spec) in self.specs.iter().enumerate() {
+            let Some(handle) = self.handles.get_mut(idx) else {
+                continue;
+            };
+            if handle.task.is_some() || !names.contains(&spec.name) {
+                continue;
+            }
+            let mut spec = spec.clone();
+            // Its windows and tabs come back, as after a stop and start.
+            if matches!(
+                spec.kind,
+                ServiceKind::Browser(Browser::Chromium | Browser::GoogleChrome)
+            ) {
+                spec.args.push("--restore-last-session".into());
+            }
+            *handle = spawn_task(spec, idx, &self.ctx);
+            started.push(self.specs[idx].name);
+        }
+        started
     }
 
     /// Names of the browser services.
@@ -454,9 +476,34 @@ impl Services {
             .collect()
     }
 
+    /// Pids (= process-group ids) of the running browser services.
+    pub fn browser_pids(&self) -> Vec<u32> {
+        self.handles
+            .iter()
+            .filter(|h| matches!(h.kind, ServiceKind::Browser(_)))
+            .filter_map(|h| *h.pid.borrow())
+            .collect()
+    }
+
     /// The current run states, in start order.
     pub fn states(&self) -> Vec<ServiceRunState> {
         self.table.states()
+    }
+}
+
+/// The task of service `idx`, and the handle that stops it.
+fn spawn_task(spec: ServiceSpec, idx: usize, ctx: &Arc<Context>) -> ServiceHandle {
+    let (stop_tx, stop_rx) = watch::channel(None);
+    let (pid_tx, pid_rx) = watch::channel(None);
+    let name = spec.name;
+    let kind = spec.kind;
+    let task = tokio::spawn(supervise(spec, idx, ctx.clone(), stop_rx, pid_tx));
+    ServiceHandle {
+        name,
+        kind,
+        stop: stop_tx,
+        pid: pid_rx,
+        task: Some(task),
     }
 }
 

@@ -6,11 +6,11 @@
 //! Names that came from the workspace are printed escaped: the guest chose
 //! them.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use dormouse_client::{Client, Fetched};
+use dormouse_client::{Client, Fetched, Saved, Upload};
 use dormouse_protocol::workspace::EntryType;
 
 use super::escape::Safe;
@@ -92,40 +92,45 @@ pub(crate) async fn run(
             )),
             (Some((who, path)), None) => {
                 let id = resolve(client, who).await?;
-                let bytes = match client.fetch(id, path).await? {
-                    Fetched::File(bytes) => bytes,
-                    Fetched::Dir(_) => {
-                        return Err(CliError::Failed(format!(
-                            "{} is a directory (list it with `dormouse files`)",
-                            Safe(path)
-                        )))
-                    }
+                let is_dir = || {
+                    CliError::Failed(format!(
+                        "{} is a directory (list it with `dormouse files`)",
+                        Safe(path)
+                    ))
                 };
                 if dst == "-" {
-                    out.write_all(&bytes).map_err(stdout)?;
-                    return Ok(());
+                    return match client.fetch_into(id, path, out).await? {
+                        Saved::File(_) => Ok(()),
+                        Saved::Dir(_) => Err(is_dir()),
+                    };
                 }
-                std::fs::write(&dst, &bytes).map_err(|source| CliError::Io {
-                    path: dst.clone().into(),
-                    source,
-                })?;
+                // Streamed into the file, which is only created once the
+                // broker answers with a file (a directory leaves nothing).
+                let mut file = LazyFile::new(PathBuf::from(&dst));
+                let saved = client.fetch_into(id, path, &mut file).await;
+                let bytes = match saved? {
+                    Saved::File(bytes) => bytes,
+                    Saved::Dir(_) => return Err(is_dir()),
+                };
+                file.finish()?;
                 if json {
                     print_json(
                         out,
-                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes.len() }),
+                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes }),
                     )
                 } else {
-                    writeln!(out, "copied {} bytes to {dst}", bytes.len()).map_err(stdout)
+                    writeln!(out, "copied {bytes} bytes to {dst}").map_err(stdout)
                 }
             }
             (None, Some((who, path))) => {
                 let id = resolve(client, who).await?;
-                let bytes = read_input(if src == "-" {
+                let body = upload_from(if src == "-" {
                     None
                 } else {
                     Some(src.clone().into())
-                })?;
-                let written = client.write_file(id, path, bytes, true).await?;
+                })
+                .await?;
+                let written = client.write_file(id, path, body, true).await?;
                 if json {
                     print_json(out, &written)
                 } else {
@@ -237,7 +242,7 @@ pub(crate) async fn run(
             name,
             owner,
         } => {
-            let tar = read_input(input)?;
+            let tar = upload_from(input).await?;
             if new {
                 let status = client
                     .create_from_tar(name.as_deref(), owner.as_deref(), tar)
@@ -270,24 +275,56 @@ fn remote(arg: &str) -> Option<(&str, &str)> {
     (!who.is_empty() && !who.contains('/')).then_some((who, path))
 }
 
-/// The whole of a local file, or of stdin.
-fn read_input(file: Option<PathBuf>) -> Result<Vec<u8>, CliError> {
-    let mut bytes = Vec::new();
-    match file {
-        Some(path) => {
-            bytes = std::fs::read(&path).map_err(|source| CliError::Io { path, source })?;
-        }
-        None => {
-            std::io::stdin()
-                .lock()
-                .read_to_end(&mut bytes)
-                .map_err(|source| CliError::Io {
-                    path: "<stdin>".into(),
-                    source,
-                })?;
+/// A local file created on the first write (or by [`LazyFile::finish`],
+/// for an empty one), so an answer that is not a file leaves none behind.
+struct LazyFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl LazyFile {
+    fn new(path: PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    fn open(&mut self) -> std::io::Result<&mut std::fs::File> {
+        match &mut self.file {
+            Some(f) => Ok(f),
+            slot => Ok(slot.insert(std::fs::File::create(&self.path)?)),
         }
     }
-    Ok(bytes)
+
+    /// Creates the file if nothing was written, and syncs it.
+    fn finish(mut self) -> Result<(), CliError> {
+        let path = self.path.clone();
+        self.open()
+            .and_then(|f| f.sync_all())
+            .map_err(|source| CliError::Io { path, source })
+    }
+}
+
+impl Write for LazyFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.open()?.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.file {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A local file, or stdin, streamed to the broker as it is read (never
+/// held whole in memory).
+async fn upload_from(file: Option<PathBuf>) -> Result<Upload, CliError> {
+    match file {
+        Some(path) => Upload::file(&path)
+            .await
+            .map_err(|source| CliError::Io { path, source }),
+        None => Ok(Upload::reader(tokio::io::stdin())),
+    }
 }
 
 #[cfg(test)]

@@ -3,12 +3,12 @@
 //! Paths are workspace-relative and sent percent-encoded byte by byte, so
 //! any name (also one that is not UTF-8, given as bytes) reaches the broker
 //! as it is; the broker decides what is refused. Exports stream into a
-//! writer; uploads (file writes, imports) are sent from memory, because the
-//! client's HTTP stack is built without streaming request bodies: for
-//! archives larger than memory, upload with any HTTP client
-//! (`curl -T ws.tar`), the route is the same.
+//! writer; uploads (file writes, imports, a create from an archive) are an
+//! [`Upload`]: bytes in memory, or a file or any async reader streamed in
+//! chunks, never held whole, so an archive larger than memory goes through.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use dormouse_protocol::api::ComputerStatus;
@@ -23,6 +23,64 @@ use crate::{answer_error, computer, transport, Client, Error};
 /// Bound of one streamed export or import (a large workspace takes long;
 /// the broker cuts uploads that stall on its own).
 pub const STREAM_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+/// Bytes read per chunk of a streamed upload.
+const UPLOAD_CHUNK: usize = 256 * 1024;
+
+/// The body of an upload: bytes in memory, or a reader streamed chunk by
+/// chunk as the broker takes them (the whole body is never in memory).
+#[derive(Debug)]
+pub struct Upload {
+    body: reqwest::Body,
+    /// Sent as `Content-Length` when known (a file's size), so a broker
+    /// can refuse an oversized body before it is sent; otherwise chunked.
+    len: Option<u64>,
+}
+
+impl Upload {
+    /// Bytes held in memory.
+    pub fn bytes(bytes: impl Into<Vec<u8>>) -> Self {
+        let bytes = bytes.into();
+        let len = u64::try_from(bytes.len()).ok();
+        Self {
+            body: reqwest::Body::from(bytes),
+            len,
+        }
+    }
+
+    /// Everything `reader` yields until its end, streamed; a read error
+    /// breaks the upload off (the broker then changes nothing).
+    pub fn reader(reader: impl tokio::io::AsyncRead + Send + 'static) -> Self {
+        let chunks = tokio_util::io::ReaderStream::with_capacity(reader, UPLOAD_CHUNK);
+        Self {
+            body: reqwest::Body::wrap_stream(chunks),
+            len: None,
+        }
+    }
+
+    /// A local file, streamed, with its size as the length.
+    pub async fn file(path: impl AsRef<Path>) -> std::io::Result<Self> {
+        let file = tokio::fs::File::open(path.as_ref()).await?;
+        let meta = file.metadata().await?;
+        let len = meta.is_file().then_some(meta.len());
+        Ok(Self {
+            len,
+            ..Self::reader(file)
+        })
+    }
+}
+
+impl From<Vec<u8>> for Upload {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::bytes(bytes)
+    }
+}
+
+impl From<&[u8]> for Upload {
+    fn from(bytes: &[u8]) -> Self {
+        Self::bytes(bytes.to_vec())
+    }
+}
 
 /// `/v1/computers/{id}/files/{path}` with every byte of `path` outside
 /// `A-Z a-z 0-9 - . _ ~ /` percent-encoded. A path with a `.` or `..`
@@ -55,7 +113,61 @@ pub enum Fetched {
     Dir(Listing),
 }
 
+/// What [`Client::fetch_into`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Saved {
+    /// A regular file, this many bytes of it written to the writer.
+    File(u64),
+    /// A directory's listing (nothing was written).
+    Dir(Listing),
+}
+
 impl Client {
+    /// `GET /v1/computers/{id}/files/{path}`, streamed: a file's bytes go
+    /// into `out` chunk by chunk as they arrive (never held whole); a
+    /// directory's listing is returned instead. A transfer that breaks off
+    /// is an error (what `out` got is then incomplete). Never wakes the
+    /// desktop.
+    pub async fn fetch_into(
+        &self,
+        id: Uuid,
+        path: impl AsRef<[u8]>,
+        out: &mut (dyn Write + Send),
+    ) -> Result<Saved, Error> {
+        let route = files_path(id, path.as_ref(), "");
+        let method = Method::GET;
+        let mut response = self
+            .request(method.clone(), &route)
+            .timeout(STREAM_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| transport(&method, &route, e))?;
+        let json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let status = response.status();
+        if !status.is_success() || json {
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| transport(&method, &route, e))?;
+            if !status.is_success() {
+                return Err(answer_error(method, &route, status, &bytes));
+            }
+            return serde_json::from_slice(&bytes)
+                .map(Saved::Dir)
+                .map_err(|source| Error::Decode {
+                    method,
+                    path: route,
+                    source,
+                });
+        }
+        let written = copy_body(&mut response, &method, &route, out).await?;
+        Ok(Saved::File(written))
+    }
+
     /// `GET /v1/computers/{id}/files/{path}`: a file's bytes or a
     /// directory's listing (`path` empty: the workspace root). Never wakes
     /// the desktop.
@@ -93,18 +205,19 @@ impl Client {
         }
     }
 
-    /// `PUT /v1/computers/{id}/files/{path}`: writes `bytes` atomically
-    /// (owned by `desk`); `parents` creates missing directories (fenced).
+    /// `PUT /v1/computers/{id}/files/{path}`: writes `body` (bytes, or a
+    /// streamed [`Upload`]) atomically (owned by `desk`); `parents` creates
+    /// missing directories (fenced).
     pub async fn write_file(
         &self,
         id: Uuid,
         path: impl AsRef<[u8]>,
-        bytes: Vec<u8>,
+        body: impl Into<Upload>,
         parents: bool,
     ) -> Result<Written, Error> {
         let query = if parents { "?parents=true" } else { "" };
         let route = files_path(id, path.as_ref(), query);
-        self.upload(Method::PUT, &route, "application/octet-stream", bytes)
+        self.upload(Method::PUT, &route, "application/octet-stream", body.into())
             .await
     }
 
@@ -158,46 +271,29 @@ impl Client {
                 .map_err(|e| transport(&method, &route, e))?;
             return Err(answer_error(method, &route, status, &bytes));
         }
-        let mut written = 0u64;
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| transport(&method, &route, e))?
-        {
-            out.write_all(&chunk).map_err(|source| Error::Io {
-                method: method.clone(),
-                path: route.clone(),
-                source,
-            })?;
-            written += u64::try_from(chunk.len()).unwrap_or(u64::MAX);
-        }
-        out.flush().map_err(|source| Error::Io {
-            method,
-            path: route,
-            source,
-        })?;
-        Ok(written)
+        copy_body(&mut response, &method, &route, out).await
     }
 
     /// `PUT /v1/computers/{id}/workspace`: replaces a stopped desktop's
-    /// workspace with `tar`, atomically (fenced).
-    pub async fn import(&self, id: Uuid, tar: Vec<u8>) -> Result<Imported, Error> {
+    /// workspace with `tar` (bytes, or a streamed [`Upload`]), atomically
+    /// (fenced).
+    pub async fn import(&self, id: Uuid, tar: impl Into<Upload>) -> Result<Imported, Error> {
         self.upload(
             Method::PUT,
             &computer(id, "/workspace"),
             TAR_CONTENT_TYPE,
-            tar,
+            tar.into(),
         )
         .await
     }
 
     /// `POST /v1/computers?workspace_tar=true`: creates (and starts) a
-    /// desktop whose workspace is `tar`.
+    /// desktop whose workspace is `tar` (bytes, or a streamed [`Upload`]).
     pub async fn create_from_tar(
         &self,
         name: Option<&str>,
         owner: Option<&str>,
-        tar: Vec<u8>,
+        tar: impl Into<Upload>,
     ) -> Result<ComputerStatus, Error> {
         let mut route = format!("/v1/computers?{WORKSPACE_TAR_QUERY}=true");
         for (key, value) in [("name", name), ("owner", owner)] {
@@ -212,7 +308,7 @@ impl Client {
                 }
             }
         }
-        self.upload(Method::POST, &route, TAR_CONTENT_TYPE, tar)
+        self.upload(Method::POST, &route, TAR_CONTENT_TYPE, tar.into())
             .await
     }
 
@@ -222,13 +318,17 @@ impl Client {
         method: Method,
         route: &str,
         content_type: &str,
-        body: Vec<u8>,
+        body: Upload,
     ) -> Result<T, Error> {
-        let response = self
+        let mut request = self
             .request(method.clone(), route)
             .timeout(STREAM_TIMEOUT)
-            .header(reqwest::header::CONTENT_TYPE, content_type)
-            .body(body)
+            .header(reqwest::header::CONTENT_TYPE, content_type);
+        if let Some(len) = body.len {
+            request = request.header(reqwest::header::CONTENT_LENGTH, len);
+        }
+        let response = request
+            .body(body.body)
             .send()
             .await
             .map_err(|e| transport(&method, route, e))?;
@@ -246,6 +346,34 @@ impl Client {
             source,
         })
     }
+}
+
+/// Writes a response's body into `out` chunk by chunk; the bytes written.
+async fn copy_body(
+    response: &mut reqwest::Response,
+    method: &Method,
+    route: &str,
+    out: &mut (dyn Write + Send),
+) -> Result<u64, Error> {
+    let mut written = 0u64;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport(method, route, e))?
+    {
+        out.write_all(&chunk).map_err(|source| Error::Io {
+            method: method.clone(),
+            path: route.to_owned(),
+            source,
+        })?;
+        written += u64::try_from(chunk.len()).unwrap_or(u64::MAX);
+    }
+    out.flush().map_err(|source| Error::Io {
+        method: method.clone(),
+        path: route.to_owned(),
+        source,
+    })?;
+    Ok(written)
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub use endpoint::{Endpoint, EndpointError};
 pub use error::{Error, EventsError, SetupError};
 pub use events::EventStream;
 pub use exec::{Terminal, TerminalEvent, TerminalInput, TerminalOutput, EXEC_MARGIN};
-pub use files::{Fetched, STREAM_TIMEOUT};
+pub use files::{Fetched, Saved, Upload, STREAM_TIMEOUT};
 pub use reqwest::{Method, StatusCode};
 
 use error::MAX_BODY_IN_ERROR;

@@ -168,22 +168,30 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
                 other => return Err(unknown_query(other)),
             }
         }
-        let grant = state
+        let mut grant = state
             .broker
             .workspace(id, WorkspaceAccess::Export { quiesce })
             .await?;
-        // Opened before answering, so a missing workspace is a clean error.
+        // Opened before answering, so a missing workspace is a clean error
+        // (and the hold, dropped with the grant, ends at once).
         let path = grant.path.clone();
         let root = blocking(move || WorkspaceRoot::open(&path)).await?;
         let quiesced = grant.quiesced;
-        let body = stream_from(move |w| match export_tar(&root, w) {
-            Ok(summary) => {
-                tracing::info!(computer = %id, quiesced, ?summary, "workspace exported");
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(computer = %id, error = %e, "workspace export failed");
-                Err(io::Error::other("the export failed"))
+        let hold = grant.hold.take();
+        let body = stream_from(move |w| {
+            let result = export_tar(&root, w);
+            // The archive is read (or given up: a client that went away
+            // fails the next write): the guest may reopen the browsers.
+            drop(hold);
+            match result {
+                Ok(summary) => {
+                    tracing::info!(computer = %id, quiesced, ?summary, "workspace exported");
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::warn!(computer = %id, error = %e, "workspace export failed");
+                    Err(io::Error::other("the export failed"))
+                }
             }
         });
         Ok((

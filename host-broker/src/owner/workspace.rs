@@ -7,7 +7,11 @@
 //! Nothing here starts a desktop or renews its idle timer: reading files,
 //! measuring the disk and exporting are not activity. The one guest request
 //! is the quiesce before an export of a running desktop (browsers closed so
-//! their profiles are consistent), the same one a stop sends. An import is
+//! their profiles are consistent), held for as long as the export's grant
+//! lives: dropping the grant (the archive is written, the export failed or
+//! its client went away) releases it and the guest reopens the browsers. A
+//! guest too old to hold one gets the stop's plain quiesce instead, and one
+//! that does not answer in time leaves the export unquiesced. An import is
 //! the computer's operation in flight ([`super::ops`]), so no start, stop or
 //! remove can run beside it, and it only begins on a stopped desktop.
 
@@ -15,6 +19,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dormouse_protocol::api::CreateComputer;
 use uuid::Uuid;
@@ -25,7 +30,8 @@ use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
-use crate::lifecycle::stop;
+use crate::guest::{self, GuestError, QuiesceHold};
+use crate::lifecycle::{stop, OpContext};
 use crate::reconcile::EngineView;
 use crate::store::Paths;
 use crate::workspace::{
@@ -49,7 +55,7 @@ pub enum WorkspaceAccess {
 }
 
 /// Where a workspace request may do its work.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct WorkspaceGrant {
     /// The computer (or, for a create from a tar, the staging slot).
     pub id: Uuid,
@@ -59,6 +65,9 @@ pub struct WorkspaceGrant {
     pub limits: WorkspaceLimits,
     /// For an export: the running desktop's browsers were quiesced.
     pub quiesced: bool,
+    /// For an export: the guest keeps the browsers closed while this lives
+    /// (drop it when the archive is done, or given up).
+    pub hold: Option<QuiesceHold>,
 }
 
 impl Owner {
@@ -68,6 +77,7 @@ impl Owner {
             path: self.ctx.paths.workspace(id),
             limits: self.config().workspace.clone(),
             quiesced: false,
+            hold: None,
         }
     }
 
@@ -109,8 +119,13 @@ impl Owner {
             WorkspaceAccess::Export { quiesce: true } if running => {
                 let ctx = self.ctx.clone();
                 self.tasks.spawn(async move {
-                    let quiesced = stop::quiesce(&ctx, id).await.is_some();
-                    let _ = reply.send(Ok(WorkspaceGrant { quiesced, ..grant }));
+                    let (quiesced, hold) = hold_quiesce(&ctx, id).await;
+                    // A caller that went away drops the grant: the hold ends.
+                    let _ = reply.send(Ok(WorkspaceGrant {
+                        quiesced,
+                        hold,
+                        ..grant
+                    }));
                 });
                 Answer::Later
             }
@@ -231,6 +246,35 @@ impl Owner {
             slot = Uuid::new_v4();
         }
         Answer::Now(reply, Ok(self.grant(slot)))
+    }
+}
+
+/// Quiesces a running desktop for an export, bounded like a stop's quiesce:
+/// held ([`QuiesceHold`]) when the guest knows `quiesce_hold`, the plain
+/// quiesce (browsers stay closed) when it is older. `false`: not quiesced
+/// (the export goes on regardless).
+async fn hold_quiesce(ctx: &OpContext, id: Uuid) -> (bool, Option<QuiesceHold>) {
+    let limit = ctx.config.quiesce_timeout;
+    let bound = guest::CONNECT_TIMEOUT + limit + Duration::from_secs(1);
+    let socket = ctx.socket(id);
+    let held = async { socket.connect().await?.quiesce_hold(limit).await };
+    match tokio::time::timeout(bound, held).await {
+        Ok(Ok((done, hold))) => {
+            tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced for an export, held until it ends");
+            (true, Some(hold))
+        }
+        Ok(Err(GuestError::Refused { code, .. })) if code == "unknown_kind" => {
+            tracing::info!(computer = %id, "the guest cannot hold a quiesce; its browsers stay closed after the export");
+            (stop::quiesce(ctx, id).await.is_some(), None)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(computer = %id, error = %e, "quiesce for an export failed; exporting anyway");
+            (false, None)
+        }
+        Err(_) => {
+            tracing::warn!(computer = %id, "quiesce for an export did not answer in {bound:?}; exporting anyway");
+            (false, None)
+        }
     }
 }
 

@@ -2,11 +2,16 @@
 //! in the same run, interleaved: through the broker's API
 //! (`POST /v1/computers/{id}/exec`), through the guest socket directly (the
 //! supervisor's `exec` request, no broker), and `docker exec <c> true`.
+//! Then the workspace's export and import throughput through the API (with
+//! `dormouse-client`, the import streamed from a file) beside GNU tar on the
+//! same tree and archive in the same run: a workspace of a few large files
+//! and many small ones (`--workspace-mib`, 200 by default), written into the
+//! host's workspace directory while the desktop is stopped.
 //!
 //! A benchmark, not a test: it prints p50/p95/min and the ratio of the API
-//! to `docker exec` beside the target (≤ 0.3) and never asserts them. The
-//! desktop it makes is removed when it ends (the broker guard removes its
-//! labelled containers when dropped).
+//! to `docker exec` beside the target (≤ 0.3), and the throughputs side by
+//! side, and never asserts them. The desktop it makes is removed when it
+//! ends (the broker guard removes its labelled containers when dropped).
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
@@ -36,6 +41,12 @@ struct Args {
     /// Rounds of each (after 5 of each to warm up).
     #[arg(long, default_value_t = 50)]
     rounds: usize,
+    /// Size of the workspace whose export and import are measured (0: skip).
+    #[arg(long, default_value_t = 200)]
+    workspace_mib: u64,
+    /// Rounds of export, import and their tar baselines.
+    #[arg(long, default_value_t = 3)]
+    workspace_rounds: usize,
 }
 
 /// One `exec` of `true` straight on the guest socket.
@@ -154,8 +165,217 @@ async fn run(args: Args) -> Result<()> {
             g.as_secs_f64() / d.as_secs_f64()
         );
     }
+    if args.workspace_mib > 0 {
+        api.stop(id).await?;
+        api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+        workspace_throughput(&broker, &api, id, args.workspace_mib, args.workspace_rounds).await?;
+    }
     drop(broker);
     Ok(())
+}
+
+/// Bytes of one MiB.
+const MIB: u64 = 1 << 20;
+
+/// A deterministic filler (xorshift), so files are not runs of zeros.
+fn filler(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Fills `ws` with `mib` MiB like a desktop's workspace: four large files
+/// (80 % of it: a video, a disk image, datasets) and many small ones of
+/// 1–16 KiB in 64 directories (sources, documents, a browser profile's
+/// little files); returns (files, bytes).
+fn populate(ws: &std::path::Path, mib: u64) -> Result<(u64, u64)> {
+    let total = mib * MIB;
+    let large_each = usize::try_from(total / 5)?;
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let big = filler(7, large_each);
+    for (i, name) in [
+        "media/talk.webm",
+        "vm/disk.img",
+        "data/a.parquet",
+        "data/b.parquet",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = ws.join(name);
+        std::fs::create_dir_all(path.parent().context("parent")?)?;
+        let mut data = big.clone();
+        data[0] = u8::try_from(i)?;
+        std::fs::write(&path, &data)?;
+        files += 1;
+        bytes += u64::try_from(data.len())?;
+    }
+    let small = filler(11, 16 * 1024);
+    let mut n = 0u64;
+    while bytes < total {
+        let size = usize::try_from(1024 + (n * 2654435761) % (15 * 1024))?;
+        let size = size.min(usize::try_from(total - bytes)?);
+        let path = ws.join(format!("src/d{:02}/f{n:05}.txt", n % 64));
+        if n < 64 {
+            std::fs::create_dir_all(path.parent().context("parent")?)?;
+        }
+        std::fs::write(&path, &small[..size])?;
+        files += 1;
+        bytes += u64::try_from(size)?;
+        n += 1;
+    }
+    Ok((files, bytes))
+}
+
+/// A writer that counts and drops (the client's `/dev/null`).
+struct Count(u64);
+
+impl std::io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += u64::try_from(buf.len()).unwrap_or(0);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `sh -c script`; its wall time.
+async fn timed_sh(script: &str) -> Result<Duration> {
+    let t = Instant::now();
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", script])
+        .output()
+        .await?;
+    let took = t.elapsed();
+    ensure!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(took)
+}
+
+fn mib_per_s(bytes: u64, took: Duration) -> f64 {
+    bytes as f64 / MIB as f64 / took.as_secs_f64()
+}
+
+/// Export and import of a `mib` MiB workspace through the API, each round
+/// beside `tar -c` of the same directory and `tar -x` of the same archive
+/// into a fresh directory on the same filesystem.
+async fn workspace_throughput(
+    broker: &BrokerProcess,
+    api: &dormouse_e2e::client::ApiClient,
+    id: uuid::Uuid,
+    mib: u64,
+    rounds: usize,
+) -> Result<()> {
+    let ws = broker.workspace(id);
+    let (files, bytes) = {
+        let ws = ws.clone();
+        tokio::task::spawn_blocking(move || populate(&ws, mib)).await??
+    };
+    let archive = broker.data_dir().join("bench-workspace.tar");
+    let mut file = std::fs::File::create(&archive)?;
+    let tar_bytes = api.export(id, true, &mut file).await?;
+    file.sync_all()?;
+    drop(file);
+    let untar = broker.data_dir().join("bench-untar");
+    let (ws_q, archive_q, untar_q) = (shell_quote(&ws), shell_quote(&archive), shell_quote(&untar));
+    let (mut export, mut import, mut tar_c, mut tar_x) = (
+        Samples::new(),
+        Samples::new(),
+        Samples::new(),
+        Samples::new(),
+    );
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let mut sink = Count(0);
+        api.export(id, true, &mut sink).await?;
+        export.push(t.elapsed());
+        ensure!(
+            sink.0 == tar_bytes,
+            "export of {} bytes, first one {tar_bytes}",
+            sink.0
+        );
+        // GNU tar skips reading the files when it writes to /dev/null
+        // itself: the archive goes through a pipe.
+        tar_c.push(timed_sh(&format!("tar -C {ws_q} -cf - . | cat > /dev/null")).await?);
+        let t = Instant::now();
+        let upload = dormouse_client::Upload::file(&archive).await?;
+        let summary = api.import(id, upload).await?;
+        import.push(t.elapsed());
+        ensure!(
+            summary.bytes == bytes,
+            "imported {summary:?}, wrote {bytes} bytes"
+        );
+        tar_x.push(
+            timed_sh(&format!(
+                "rm -rf {untar_q} && mkdir {untar_q} && tar -C {untar_q} -xf {archive_q}"
+            ))
+            .await?,
+        );
+        timed_sh(&format!("rm -rf {untar_q}")).await?;
+    }
+    std::fs::remove_file(&archive)?;
+    let peak = broker.pid().and_then(peak_rss_kib);
+    println!();
+    println!(
+        "workspace of {} MiB in {files} files ({} MiB archive), {rounds} rounds each, interleaved",
+        bytes / MIB,
+        tar_bytes / MIB
+    );
+    println!("{:<44} {:>12} {:>12}", "", "MiB/s (p50)", "best");
+    let rate = |s: &Samples, which: fn(&Samples) -> Option<Duration>| {
+        which(s).map_or_else(
+            || "-".to_owned(),
+            |d| format!("{:.0}", mib_per_s(tar_bytes, d)),
+        )
+    };
+    for (name, s) in [
+        ("export: GET …/workspace (client, stopped)", &export),
+        ("  baseline: tar -c | cat > /dev/null", &tar_c),
+        ("import: PUT …/workspace (client, from file)", &import),
+        ("  baseline: tar -x into a fresh directory", &tar_x),
+    ] {
+        println!(
+            "{name:<44} {:>12} {:>12}",
+            rate(s, Samples::p50),
+            rate(s, Samples::min)
+        );
+    }
+    // Streaming both ways, the broker never holds an archive: its peak RSS
+    // stays far below the archive's size.
+    if let Some(kib) = peak {
+        println!(
+            "broker peak RSS over the whole run (VmHWM): {:.1} MiB",
+            kib as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
+/// A process's peak resident set (`VmHWM` of `/proc/<pid>/status`), KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `path` quoted for `sh`.
+fn shell_quote(path: &std::path::Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
 }
 
 #[tokio::main]

@@ -40,6 +40,12 @@ struct Script {
     never_ready: AtomicBool,
     /// After ready, push this many statuses back to back (each different).
     flood: std::sync::atomic::AtomicUsize,
+    /// `quiesce_hold` connections open now.
+    holds: std::sync::atomic::AtomicUsize,
+    /// Refuse `quiesce_hold` as a guest older than it does.
+    no_hold: AtomicBool,
+    /// Never answer `quiesce_hold` (a hung guest).
+    silent_hold: AtomicBool,
 }
 
 impl Script {
@@ -53,6 +59,9 @@ impl Script {
             misbehave: AtomicBool::new(false),
             never_ready: AtomicBool::new(false),
             flood: std::sync::atomic::AtomicUsize::new(0),
+            holds: std::sync::atomic::AtomicUsize::new(0),
+            no_hold: AtomicBool::new(false),
+            silent_hold: AtomicBool::new(false),
         })
     }
 
@@ -141,6 +150,35 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     }),
                     vec![],
                 ),
+                Request::QuiesceHold { .. } if script.no_hold.load(Ordering::SeqCst) => {
+                    let refusal = Response::error("unknown_kind", "unknown kind");
+                    let _ = stream
+                        .write_all(&frame::encode(&refusal, &[]).unwrap())
+                        .await;
+                    return;
+                }
+                Request::QuiesceHold { .. } if script.silent_hold.load(Ordering::SeqCst) => {
+                    let _ = stream.read(&mut chunk).await;
+                    return;
+                }
+                Request::QuiesceHold { .. } => {
+                    let done = Response::Quiesced(Quiesced {
+                        closed: vec!["browser".into()],
+                        complete: true,
+                        elapsed_ms: 1,
+                    });
+                    if stream
+                        .write_all(&frame::encode(&done, &[]).unwrap())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    script.holds.fetch_add(1, Ordering::SeqCst);
+                    let _ = stream.read(&mut chunk).await;
+                    script.holds.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
                 Request::Actions { batch } => scripted_actions(&batch),
                 Request::Screenshot => (
                     Response::Screenshot {

@@ -1,7 +1,8 @@
 //! Workspace requests over the fake engine: an import is the computer's
 //! operation (refused while the desktop runs; while it runs, starts,
-//! removes, writes and exports are refused), and the owner hands out the
-//! workspace only for computers it knows.
+//! removes, writes and exports are refused), the owner hands out the
+//! workspace only for computers it knows, and an export of a running
+//! desktop holds its quiesce for as long as its grant lives.
 
 use super::*;
 use crate::owner::workspace::WorkspaceAccess;
@@ -129,4 +130,67 @@ async fn unknown_computers_get_no_workspace() {
         rig.handle.disk(nobody).await,
         Err(BrokerError::NotFound(_))
     ));
+}
+
+/// Waits (bounded) until the scripted guest has `n` quiesce holds open.
+async fn holds_become(rig: &Rig, n: usize) -> bool {
+    for _ in 0..400 {
+        if rig.script.holds.load(Ordering::SeqCst) == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_holds_the_quiesce_until_its_grant_is_dropped() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    let export = WorkspaceAccess::Export { quiesce: true };
+    let first = rig.handle.workspace(id, export).await.unwrap();
+    assert!(first.quiesced && first.hold.is_some(), "{first:?}");
+    let second = rig.handle.workspace(id, export).await.unwrap();
+    assert!(holds_become(&rig, 2).await, "two exports, two holds");
+    drop(first);
+    assert!(holds_become(&rig, 1).await, "the first export's hold ended");
+    drop(second);
+    assert!(holds_become(&rig, 0).await, "no hold is left");
+    // Without a quiesce, nothing is held.
+    let plain = rig
+        .handle
+        .workspace(id, WorkspaceAccess::Export { quiesce: false })
+        .await
+        .unwrap();
+    assert!(!plain.quiesced && plain.hold.is_none(), "{plain:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_without_holds_gets_the_plain_quiesce() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.script.no_hold.store(true, Ordering::SeqCst);
+    let grant = rig
+        .handle
+        .workspace(id, WorkspaceAccess::Export { quiesce: true })
+        .await
+        .unwrap();
+    assert!(grant.quiesced, "the plain quiesce closed the browsers");
+    assert!(grant.hold.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_does_not_answer_the_hold_leaves_the_export_unquiesced() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.script.silent_hold.store(true, Ordering::SeqCst);
+    let grant = tokio::time::timeout(
+        Duration::from_secs(30),
+        rig.handle
+            .workspace(id, WorkspaceAccess::Export { quiesce: true }),
+    )
+    .await
+    .expect("the grant comes within the quiesce's bound")
+    .unwrap();
+    assert!(!grant.quiesced && grant.hold.is_none(), "{grant:?}");
 }
