@@ -182,8 +182,8 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let state = page_state_when(&guest, SEEN, |s| text_of(s) == "abc").await?;
     ensure!(text_of(&state) == "abc", "abc: {state} {r:?}");
 
-    // Exact typing under us and de.
-    for layout in ["us", "de"] {
+    // Exact typing under us, de and fr.
+    for layout in ["us", "de", "fr"] {
         guest
             .sh_ok(GuestUser::Desk, &format!("setxkbmap {layout}"))
             .await?;

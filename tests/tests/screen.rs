@@ -215,6 +215,26 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let guest = Guest::for_computer(id);
 
     // ---- pixels: the gateway's framebuffer is the API's screenshot --------
+    // First the desktop's own background (the supervisor paints the root
+    // once the window manager is up; a ready desktop under load has been
+    // seen black for a moment), so the comparison below is not black to
+    // black.
+    let painted = Instant::now();
+    loop {
+        let (_, _, rgb, channels) = decode_png(&api.screenshot(id).await?)?;
+        let lit = rgb
+            .chunks(channels)
+            .filter(|p| p[0] | p[1] | p[2] != 0)
+            .count();
+        if lit > usize::from(WIDTH) * usize::from(HEIGHT) / 10 {
+            break;
+        }
+        ensure!(
+            painted.elapsed() < Duration::from_secs(10),
+            "the desktop stayed black ({lit} lit pixels in the API's screenshot)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let view = mint(&api, id, ScreenMode::View, 600_000, None).await?;
     let mut v = viewer(broker, &view).await?;
     let opened = Instant::now();
