@@ -192,7 +192,9 @@ impl RfbViewer {
     pub async fn open(
         req: tokio_tungstenite::tungstenite::handshake::client::Request,
     ) -> Result<Self> {
-        let (ws, response) = tokio_tungstenite::connect_async(req)
+        // Without Nagle, as browsers open WebSockets: the handshake's small
+        // messages would otherwise wait for the peer's delayed ACK.
+        let (ws, response) = tokio_tungstenite::connect_async_with_config(req, None, true)
             .await
             .map_err(|e| match e {
                 tokio_tungstenite::tungstenite::Error::Http(r) => anyhow::anyhow!(

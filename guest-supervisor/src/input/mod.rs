@@ -698,17 +698,26 @@ impl Runner<'_> {
     /// [`POINTER_BOUND`].
     fn buttons_released(&mut self) -> Result<(), ActionError> {
         const BUTTONS: u16 = 0x1f00;
+        self.pointer_until(|p| u16::from(p.mask) & BUTTONS == 0)
+            .map(drop)
+    }
+
+    /// Asks the server for the pointer until `done` holds or
+    /// [`POINTER_BOUND`] passed; answers the last reply.
+    fn pointer_until(
+        &mut self,
+        done: impl Fn(&xproto::QueryPointerReply) -> bool,
+    ) -> Result<xproto::QueryPointerReply, ActionError> {
         let deadline = std::time::Instant::now() + POINTER_BOUND;
         loop {
-            let mask = self
+            let p = self
                 .conn
                 .query_pointer(self.root)
                 .map_err(XError::from)?
                 .reply()
-                .map_err(XError::from)?
-                .mask;
-            if u16::from(mask) & BUTTONS == 0 || std::time::Instant::now() >= deadline {
-                return Ok(());
+                .map_err(XError::from)?;
+            if done(&p) || std::time::Instant::now() >= deadline {
+                return Ok(p);
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -736,20 +745,9 @@ impl Runner<'_> {
     /// (or [`POINTER_BOUND`] passed: then where it is, frozen or moved by
     /// someone else).
     fn pointer_settled(&mut self) -> Result<(i16, i16), ActionError> {
-        let deadline = std::time::Instant::now() + POINTER_BOUND;
-        loop {
-            let p = self
-                .conn
-                .query_pointer(self.root)
-                .map_err(XError::from)?
-                .reply()
-                .map_err(XError::from)?;
-            let at = (p.root_x, p.root_y);
-            if self.pointer.is_none_or(|sent| sent == at) || std::time::Instant::now() >= deadline {
-                return Ok(at);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let sent = self.pointer;
+        let p = self.pointer_until(|p| sent.is_none_or(|s| s == (p.root_x, p.root_y)))?;
+        Ok((p.root_x, p.root_y))
     }
 
     fn button(&mut self, button: u8, press: bool) -> Result<(), ActionError> {

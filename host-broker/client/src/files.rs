@@ -136,17 +136,8 @@ impl Client {
     ) -> Result<Saved, Error> {
         let route = files_path(id, path.as_ref(), "");
         let method = Method::GET;
-        let mut response = self
-            .request(method.clone(), &route)
-            .timeout(STREAM_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| transport(&method, &route, e))?;
-        let json = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
+        let mut response = self.get_streamed(&route).await?;
+        let json = is_json(&response);
         let status = response.status();
         if !status.is_success() || json {
             let bytes = response
@@ -173,17 +164,8 @@ impl Client {
     /// the desktop.
     pub async fn fetch(&self, id: Uuid, path: impl AsRef<[u8]>) -> Result<Fetched, Error> {
         let route = files_path(id, path.as_ref(), "");
-        let response = self
-            .request(Method::GET, &route)
-            .timeout(STREAM_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| transport(&Method::GET, &route, e))?;
-        let json = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
+        let response = self.get_streamed(&route).await?;
+        let json = is_json(&response);
         let status = response.status();
         let bytes = response
             .bytes()
@@ -257,12 +239,7 @@ impl Client {
             },
         );
         let method = Method::GET;
-        let mut response = self
-            .request(method.clone(), &route)
-            .timeout(STREAM_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| transport(&method, &route, e))?;
+        let mut response = self.get_streamed(&route).await?;
         let status = response.status();
         if !status.is_success() {
             let bytes = response
@@ -349,6 +326,27 @@ impl Client {
 }
 
 /// Writes a response's body into `out` chunk by chunk; the bytes written.
+impl Client {
+    /// A `GET` of `route` whose body may take up to [`STREAM_TIMEOUT`]:
+    /// the response as soon as its head arrived, the body still to read.
+    async fn get_streamed(&self, route: &str) -> Result<reqwest::Response, Error> {
+        self.request(Method::GET, route)
+            .timeout(STREAM_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| transport(&Method::GET, route, e))
+    }
+}
+
+/// Whether the response is JSON (a directory listing or an error).
+fn is_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
 async fn copy_body(
     response: &mut reqwest::Response,
     method: &Method,
