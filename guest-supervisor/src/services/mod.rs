@@ -143,11 +143,6 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
                 // between polls and a viewer opened on an idle desktop
                 // waited seconds for its first frame.
                 "-nonap".into(),
-                // Send an update as soon as it is asked for and ready, not
-                // 20 ms later (x11vnc's default), so a new viewer's first
-                // frame is not held back.
-                "-defer".into(),
-                "0".into(),
                 // Leave key autorepeat alone on every (probe) connection.
                 "-repeat".into(),
                 // Its banner of tips is noise in the log; `PORT=` still comes.
