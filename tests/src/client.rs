@@ -229,3 +229,21 @@ pub fn summarize(event: &BrokerEvent) -> String {
         BrokerEvent::Removed { id } => format!("removed {id}"),
     }
 }
+
+/// Creates a desktop named `name` and waits until it is ready (events on
+/// `events`, opened before the create so its readiness cannot be missed).
+pub async fn create_ready(
+    api: &Client,
+    events: &mut EventStream,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<Uuid> {
+    let created = api
+        .create(&dormouse_protocol::api::CreateComputer {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        })
+        .await?;
+    api.wait_ready(events, created.id, timeout).await?;
+    Ok(created.id)
+}

@@ -13,7 +13,7 @@ use anyhow::{bail, ensure, Context, Result};
 use base64::Engine as _;
 use dormouse_client::TerminalEvent;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
+use dormouse_e2e::client::{create_ready, ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::engine;
 use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::{ContainerState, CreateComputer, LeaseRequest, StopReason};
@@ -34,16 +34,10 @@ async fn ready_desktop(image: &str, name: &str) -> Result<(BrokerProcess, ApiCli
     let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
     let api = broker.client();
     let mut events = EventStream::open(&api).await?;
-    let created = api
-        .create(&CreateComputer {
-            name: Some(name.to_owned()),
-            ..CreateComputer::default()
-        })
-        .await?;
-    api.wait_ready(&mut events, created.id, READY_TIMEOUT)
+    let id = create_ready(&api, &mut events, name, READY_TIMEOUT)
         .await
         .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
-    Ok((broker, api, created.id))
+    Ok((broker, api, id))
 }
 
 fn container(id: Uuid) -> String {

@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
+use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::{desktop_image, docker_available};
-use dormouse_protocol::api::{ComputerStatus, CreateComputer};
+use dormouse_protocol::api::ComputerStatus;
 use dormouse_protocol::frame::{self, MAX_HEADER_LEN};
 use dormouse_protocol::{GuestStatus, Hello, Request, Response, SOCKET_FILE_NAME};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -71,15 +71,7 @@ fn with_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
 
 async fn ready_desktop(api: &ApiClient, name: &str) -> Result<Uuid> {
     let mut events = EventStream::open(api).await?;
-    let created = api
-        .create(&CreateComputer {
-            name: Some(name.to_owned()),
-            ..CreateComputer::default()
-        })
-        .await?;
-    api.wait_ready(&mut events, created.id, READY_TIMEOUT)
-        .await?;
-    Ok(created.id)
+    create_ready(api, &mut events, name, READY_TIMEOUT).await
 }
 
 // ---- the workspace limit --------------------------------------------------

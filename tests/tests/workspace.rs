@@ -16,12 +16,14 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use dormouse_client::Fetched;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{ApiClient, ClientError, EventStream, StatusCode, Waits as _};
+use dormouse_e2e::client::{
+    create_ready, ApiClient, ClientError, EventStream, StatusCode, Waits as _,
+};
 use dormouse_e2e::engine::{self, EngineEventRecorder};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::markers::{Markers, WORKSPACE_MARKER, WORKSPACE_MARKER_NAME};
 use dormouse_e2e::{desktop_image, docker_available};
-use dormouse_protocol::api::{ContainerState, CreateComputer, LeaseRequest};
+use dormouse_protocol::api::{ContainerState, LeaseRequest};
 use dormouse_protocol::workspace::EntryType;
 use uuid::Uuid;
 
@@ -43,16 +45,10 @@ async fn ready_desktop(
 ) -> Result<(ApiClient, EventStream, Uuid)> {
     let api = broker.client();
     let mut events = EventStream::open(&api).await?;
-    let created = api
-        .create(&CreateComputer {
-            name: Some(name.to_owned()),
-            ..CreateComputer::default()
-        })
-        .await?;
-    api.wait_ready(&mut events, created.id, READY_TIMEOUT)
+    let id = create_ready(&api, &mut events, name, READY_TIMEOUT)
         .await
         .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
-    Ok((api, events, created.id))
+    Ok((api, events, id))
 }
 
 fn with_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
