@@ -307,13 +307,42 @@ pub async fn accept_loop(
     quiesce: mpsc::Sender<QuiesceRequest>,
     exec: ExecRunner,
 ) {
-    let slots = Arc::new(Semaphore::new(config.socket_max_connections.max(1)));
+    let config_max = config.socket_max_connections;
     let shared = Arc::new(Shared {
         config,
         cell,
         quiesce,
         exec: ExecService::new(exec),
     });
+    accept_capped(
+        listener,
+        config_max,
+        "guest socket",
+        move |stream| {
+            let shared = Arc::clone(&shared);
+            async move { serve_connection(stream, &shared).await }
+        },
+        refuse_busy,
+    )
+    .await;
+}
+
+/// Accepts on `listener` until dropped, serving at most `max` connections
+/// at once with `serve`, each in a [`JoinSet`] owned here (dropping this
+/// future ends them all). An over-limit client is given to `refuse`, then
+/// closed; a failed accept (EMFILE and friends) backs off briefly instead
+/// of spinning, as the condition clears when connections end.
+pub async fn accept_capped<F, Fut>(
+    listener: &UnixListener,
+    max: usize,
+    what: &'static str,
+    serve: F,
+    refuse: impl Fn(&UnixStream),
+) where
+    F: Fn(UnixStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(max.max(1)));
     let mut connections = JoinSet::new();
     let mut accept_errors = 0u32;
     loop {
@@ -323,21 +352,22 @@ pub async fn accept_loop(
                     accept_errors = 0;
                     match Arc::clone(&slots).try_acquire_owned() {
                         Ok(permit) => {
-                            let shared = Arc::clone(&shared);
+                            let served = serve(stream);
                             connections.spawn(async move {
-                                serve_connection(stream, &shared).await;
+                                served.await;
                                 drop(permit);
                             });
                         }
-                        Err(_) => refuse_busy(&stream),
+                        Err(_) => {
+                            tracing::warn!(socket = what, "connection limit reached; refusing a client");
+                            refuse(&stream);
+                        }
                     }
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off briefly instead of
-                    // spinning, the condition clears when connections end.
                     accept_errors = accept_errors.saturating_add(1);
                     let pause = Duration::from_millis(10u64 << accept_errors.min(6));
-                    tracing::warn!(error = %e, ?pause, "accept failed");
+                    tracing::warn!(socket = what, error = %e, ?pause, "accept failed");
                     tokio::time::sleep(pause).await;
                 }
             },
@@ -348,7 +378,6 @@ pub async fn accept_loop(
 
 /// Tells an over-limit client why it is closed, without ever waiting on it.
 fn refuse_busy(stream: &UnixStream) {
-    tracing::warn!("guest socket connection limit reached; refusing a client");
     if let Ok(bytes) = frame::encode(
         &Response::error("busy", "too many connections; try again"),
         &[],

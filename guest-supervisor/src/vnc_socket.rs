@@ -21,8 +21,6 @@ use std::time::Duration;
 use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
 use dormouse_protocol::ServiceRunState;
 use tokio::net::{TcpStream, UnixListener, UnixStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 use crate::config::Config;
 use crate::socket::{self, SocketError};
@@ -64,38 +62,18 @@ pub async fn serve(config: Arc<Config>, cell: StatusCell) -> Result<(), SocketEr
     Ok(())
 }
 
-/// Accepts until dropped; splices live in a [`JoinSet`] owned here.
+/// Accepts until dropped, splicing each connection (at most
+/// [`MAX_VNC_CONNECTIONS`]); one over the limit is closed at once, and the
+/// broker sees the close and answers its viewer.
 async fn accept_loop(listener: &UnixListener, port: u16) {
-    let slots = Arc::new(Semaphore::new(MAX_VNC_CONNECTIONS));
-    let mut splices = JoinSet::new();
-    let mut accept_errors = 0u32;
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    accept_errors = 0;
-                    match Arc::clone(&slots).try_acquire_owned() {
-                        Ok(permit) => {
-                            splices.spawn(async move {
-                                splice(stream, port).await;
-                                drop(permit);
-                            });
-                        }
-                        // Dropped at once: the broker sees the close and
-                        // answers its viewer.
-                        Err(_) => tracing::warn!("vnc socket connection limit reached; refusing a client"),
-                    }
-                }
-                Err(e) => {
-                    accept_errors = accept_errors.saturating_add(1);
-                    let pause = Duration::from_millis(10u64 << accept_errors.min(6));
-                    tracing::warn!(error = %e, ?pause, "vnc socket accept failed");
-                    tokio::time::sleep(pause).await;
-                }
-            },
-            Some(_) = splices.join_next(), if !splices.is_empty() => {}
-        }
-    }
+    socket::accept_capped(
+        listener,
+        MAX_VNC_CONNECTIONS,
+        "vnc socket",
+        move |stream| splice(stream, port),
+        |_| {},
+    )
+    .await;
 }
 
 /// Carries one connection to the loopback VNC server and back.

@@ -17,9 +17,8 @@ use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use nix::sys::stat::{FileStat, SFlag};
-use serde::Serialize;
 
 use super::path::{kind_of, WorkspaceRoot, MAX_COMPONENTS};
 use super::tree::{lstat_at, open_child_dir, read_names};
@@ -33,26 +32,7 @@ pub const DEFAULT_DISK_DEADLINE: Duration = Duration::from_secs(10);
 const MAX_WALK_DEPTH: usize = 4 * MAX_COMPONENTS;
 
 /// A workspace's disk usage (the body of `GET /v1/computers/{id}/disk`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DiskUsage {
-    /// Bytes allocated to the workspace (`du -sB1`).
-    pub workspace_bytes: u64,
-    /// Sum of the sizes (`du -sb`).
-    pub apparent_bytes: u64,
-    /// Inodes below the workspace root, hard links counted once.
-    pub workspace_files: u64,
-    /// The container's writable layer, from the engine; not measured here.
-    pub layer_bytes: Option<u64>,
-    /// Bytes still available on the workspace's filesystem.
-    pub free_bytes: u64,
-    /// When the walk started.
-    pub measured_at: DateTime<Utc>,
-    /// Whether the walk saw everything (`false`: stopped at the deadline or
-    /// by an unreadable or too-deep directory; the figures are lower bounds).
-    pub complete: bool,
-    /// How long the walk took.
-    pub elapsed_ms: u64,
-}
+pub use dormouse_protocol::workspace::DiskUsage;
 
 struct Walk {
     deadline: Instant,
