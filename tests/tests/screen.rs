@@ -238,9 +238,19 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let view = mint(&api, id, ScreenMode::View, 600_000, None).await?;
     let mut v = viewer(broker, &view).await?;
     let opened = Instant::now();
-    let fb = framebuffer(&mut v).await?;
+    // An x11vnc that has not yet read the screen (no viewer since it
+    // started) can answer the first request with its all-black buffer;
+    // the screen's content follows in the next whole update.
+    let mut fb = framebuffer(&mut v).await?;
+    let mut requests = 1;
+    while fb.chunks(4).all(|p| p[0] | p[1] | p[2] == 0) && opened.elapsed() < Duration::from_secs(3)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fb = framebuffer(&mut v).await?;
+        requests += 1;
+    }
     eprintln!(
-        "view: whole framebuffer {:?} after the request",
+        "view: whole framebuffer {:?} after the request ({requests} whole update(s) asked for)",
         opened.elapsed()
     );
     let png = api.screenshot(id).await?;
