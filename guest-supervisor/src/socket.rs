@@ -639,7 +639,8 @@ async fn answer(request: Request, shared: &Shared) -> (Response, Vec<u8>) {
 static ACTION_BATCH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs a batch of actions ([`crate::input::execute`], bounded by
-/// [`crate::input::batch_bound`] and the wait for the batch before it):
+/// [`dormouse_protocol::actions::guest_wait`]: its own bound and the wait for
+/// the batch before it):
 /// the results as the answer, the images one after the other as the
 /// payload. A batch validation refuses is `invalid_actions` and ran not at
 /// all; the images are bounded by validation
@@ -649,19 +650,22 @@ async fn actions(
     batch: dormouse_protocol::actions::ActionBatch,
     config: &Config,
 ) -> (Response, Vec<u8>) {
-    let bound = crate::input::batch_bound(config, &batch);
+    let bound = dormouse_protocol::actions::guest_wait(
+        &batch,
+        Duration::from_millis(config.probe_timeout_ms),
+    );
     let started = Instant::now();
     let run = async {
         let _turn = ACTION_BATCH.lock().await;
         crate::input::execute(config, batch, crate::input::InputOptions::default()).await
     };
-    // Twice the batch's own bound: once for a batch ahead of it, once for
-    // itself (whose hang guard is the bound).
-    let outcome = match tokio::time::timeout(bound.saturating_mul(2), run).await {
+    // The protocol's wait: once for a batch ahead of it, once for itself
+    // (whose hang guard is `batch_bound`).
+    let outcome = match tokio::time::timeout(bound, run).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => return (Response::error(e.code(), e.to_string()), Vec::new()),
         Err(_) => {
-            let message = format!("the batch did not end within {:?}", bound.saturating_mul(2));
+            let message = format!("the batch did not end within {bound:?}");
             return (Response::error("timeout", message), Vec::new());
         }
     };

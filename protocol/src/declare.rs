@@ -109,6 +109,16 @@ macro_rules! guest_protocol {
             }
         }
 
+        impl $crate::frame::Message for Request {
+            const KINDS: &'static [&'static str] = Request::KINDS;
+            fn payload_allowed(&self) -> bool {
+                Request::payload_allowed(self)
+            }
+            fn kind(&self) -> &'static str {
+                Request::kind(self)
+            }
+        }
+
         /// A response from the supervisor.
         #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize)]
         #[serde(tag = "kind")]
@@ -154,6 +164,16 @@ macro_rules! guest_protocol {
                     code: code.into(),
                     message: message.into(),
                 }
+            }
+        }
+
+        impl $crate::frame::Message for Response {
+            const KINDS: &'static [&'static str] = Response::KINDS;
+            fn payload_allowed(&self) -> bool {
+                Response::payload_allowed(self)
+            }
+            fn kind(&self) -> &'static str {
+                Response::kind(self)
             }
         }
 

@@ -193,25 +193,10 @@ impl ActionError {
 }
 
 /// Upper bound of a whole batch on the display: the hang guard of
-/// [`execute`]. Generous: 10 s, plus the batch's durations, plus 5 ms per
-/// byte of text, plus a screenshot bound per image action.
+/// [`execute`], the protocol's one formula ([`actions::run_bound`]) with
+/// the probe's screenshot bound per image action.
 pub fn batch_bound(config: &Config, batch: &ActionBatch) -> Duration {
-    let mut bound = Duration::from_secs(10);
-    for action in &batch.actions {
-        bound += Duration::from_secs_f64(action.duration().clamp(0.0, 3600.0));
-        match action {
-            Action::Type { text } | Action::Key { text } => {
-                bound += Duration::from_millis(5)
-                    .saturating_mul(u32::try_from(text.len()).unwrap_or(u32::MAX));
-                bound += InputOptions::default().settle * 2;
-            }
-            Action::Screenshot {} | Action::Zoom { .. } => {
-                bound += Duration::from_millis(config.probe_timeout_ms);
-            }
-            _ => {}
-        }
-    }
-    bound
+    actions::run_bound(batch, Duration::from_millis(config.probe_timeout_ms))
 }
 
 /// Executes `batch` on the configured display: validates it against the
@@ -1035,6 +1020,13 @@ fn invalid(name: ActionName, problem: actions::Problem) -> ActionError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_protocols_key_allowance_covers_two_settles() {
+        // The shared bound grants each key action two settles of the
+        // default options; a longer settle here would outgrow it.
+        assert!(InputOptions::default().settle * 2 <= actions::KEY_ACTION_ALLOWANCE);
+    }
 
     #[test]
     fn us_positions_follow_evdev() {
