@@ -22,7 +22,7 @@ use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::screenshot::{self, CaptureStats, CountingWriter};
-use crate::state::StatusCell;
+use crate::status::StatusCell;
 use crate::x_client::{self, WmState, XError};
 
 /// Check names, stable for clients.

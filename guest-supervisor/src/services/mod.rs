@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::init::{self, ChildExit, OwnedChild};
 use crate::locks::{self, ProfileFamily};
-use crate::state::StatusCell;
+use crate::status::StatusCell;
 use output::{LineReader, Tail};
 use restart::{FailureCause, Remedy, RestartDecision, RestartPolicy, RestartTracker};
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::services::Services;
-use crate::state::{QuiesceRequest, StatusCell};
+use crate::status::{QuiesceRequest, StatusCell};
 use crate::{identity, init, prepare, probe, reopen, socket, stop};
 
 /// Why the supervisor could not run at all.
