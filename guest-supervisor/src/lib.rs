@@ -16,6 +16,7 @@ pub mod init;
 pub mod input;
 pub mod locks;
 pub mod nofollow;
+pub mod pidfd;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;
