@@ -167,10 +167,8 @@ impl PixelFormat {
         screen: usize,
     ) -> Result<(Self, xproto::Window, u32, u32), ScreenshotError> {
         let setup = conn.setup();
-        let root = setup
-            .roots
-            .get(screen)
-            .ok_or_else(|| ScreenshotError::Unsupported(format!("no screen {screen}")))?;
+        let root = x_client::screen(conn, screen)
+            .map_err(|_| ScreenshotError::Unsupported(format!("no screen {screen}")))?;
         let depth = root.root_depth;
         let format = setup
             .pixmap_formats

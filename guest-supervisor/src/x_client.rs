@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use x11rb::connection::Connection as _;
 use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
-use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
+use x11rb::protocol::xproto::{self, AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use crate::config::Config;
@@ -104,14 +104,23 @@ where
     }
 }
 
-/// Size and depth of the root window of `screen`.
-pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, u8), XError> {
-    use x11rb::connection::Connection as _;
-    let root = conn
-        .setup()
+/// Screen `screen` of the display: its root window, size and depth. The
+/// one lookup of a root window in the supervisor.
+pub fn screen(conn: &RustConnection, screen: usize) -> Result<&xproto::Screen, XError> {
+    conn.setup()
         .roots
         .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?;
+        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))
+}
+
+/// The root window of `screen`.
+pub fn root_window(conn: &RustConnection, screen: usize) -> Result<xproto::Window, XError> {
+    self::screen(conn, screen).map(|s| s.root)
+}
+
+/// Size and depth of the root window of `screen`.
+pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, u8), XError> {
+    let root = self::screen(conn, screen)?;
     Ok((
         u32::from(root.width_in_pixels),
         u32::from(root.height_in_pixels),
@@ -192,12 +201,7 @@ fn ask_to_close(
     screen: usize,
     pids: &BTreeSet<u32>,
 ) -> Result<usize, XError> {
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
-        .root;
+    let root = root_window(conn, screen)?;
     let client_list = atom(conn, b"_NET_CLIENT_LIST")?;
     let wm_pid = atom(conn, b"_NET_WM_PID")?;
     let protocols = atom(conn, b"WM_PROTOCOLS")?;

@@ -272,12 +272,7 @@ fn run_batch(
 ) -> Result<BatchOutcome, ExecuteError> {
     let (width, height, _) = x_client::root_geometry(conn, screen)?;
     let space = actions::validate(batch, Some(actions::Size { width, height }))?;
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .map(|s| s.root)
-        .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))?;
+    let root = x_client::root_window(conn, screen)?;
     let mut run = Runner {
         conn,
         screen,
