@@ -239,6 +239,10 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
     Ok(space)
 }
 
+/// The checks of one action's own fields (its points, region, text and
+/// amounts) against `space`: the first problem, with the field it is in.
+// Over 100 lines on purpose: one arm per action of the exhaustive `Action`
+// enum, so a new action cannot go unchecked.
 fn check_action(action: &Action, space: Size) -> Result<(), (&'static str, Problem)> {
     let point = |field: &'static str, c: &Coordinate| -> Result<(), (&'static str, Problem)> {
         let [x, y] = *c;
