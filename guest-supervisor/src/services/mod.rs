@@ -605,9 +605,9 @@ enum Attempt {
 }
 
 /// One life of the service: spawn, readiness, run until exit or stop.
-// Over 100 lines on purpose: one `select!` over the child's exit, its
-// readiness and the stop signal; each arm is short, and apart they would
-// lose which of the three events won.
+// Over 100 lines on purpose: one life in order (spawn, race readiness
+// against exit and stop, then race exit against stop), each race a short
+// `select!`; apart, the order of a life would be spread over helpers.
 async fn run_once(
     spec: &ServiceSpec,
     idx: usize,
