@@ -244,6 +244,74 @@ fn ask_to_close(
     Ok(asked)
 }
 
+/// The X `CLIPBOARD` selection's text: asks its owner to convert it to
+/// `UTF8_STRING` on a hidden window of ours and reads the property back, at
+/// most `max` bytes (cut at a character boundary). `None` when nobody owns
+/// the selection or the owner has no text form of it; `(text, true)` when
+/// it was longer than `max` (also when the owner would send it
+/// incrementally, `INCR`, which is not followed: the text is then empty).
+/// The wait for the owner's answer is bounded by [`with_display`]'s bound.
+pub fn clipboard_text(
+    conn: &RustConnection,
+    screen: usize,
+    max: usize,
+) -> Result<Option<(String, bool)>, XError> {
+    let clipboard = atom(conn, b"CLIPBOARD")?;
+    if conn.get_selection_owner(clipboard)?.reply()?.owner == x11rb::NONE {
+        return Ok(None);
+    }
+    let utf8 = atom(conn, b"UTF8_STRING")?;
+    let incr = atom(conn, b"INCR")?;
+    let property = atom(conn, b"DORMOUSE_CLIPBOARD")?;
+    let window = conn
+        .generate_id()
+        .map_err(|e| XError::Unexpected(format!("no window id: {e}")))?;
+    conn.create_window(
+        x11rb::COPY_DEPTH_FROM_PARENT,
+        window,
+        root_window(conn, screen)?,
+        0,
+        0,
+        1,
+        1,
+        0,
+        xproto::WindowClass::INPUT_ONLY,
+        x11rb::COPY_FROM_PARENT,
+        &xproto::CreateWindowAux::new(),
+    )?;
+    conn.convert_selection(window, clipboard, utf8, property, x11rb::CURRENT_TIME)?;
+    conn.flush()?;
+    let converted = loop {
+        if let x11rb::protocol::Event::SelectionNotify(e) = conn.wait_for_event()? {
+            if e.requestor == window {
+                break e.property != x11rb::NONE;
+            }
+        }
+    };
+    if !converted {
+        return Ok(None);
+    }
+    let words = u32::try_from(max.div_ceil(4)).unwrap_or(u32::MAX);
+    let reply = conn
+        .get_property(true, window, property, AtomEnum::ANY, 0, words)?
+        .reply()?;
+    let _ = conn.destroy_window(window);
+    if reply.type_ == incr {
+        return Ok(Some((String::new(), true)));
+    }
+    let mut text = String::from_utf8_lossy(&reply.value).into_owned();
+    let mut truncated = reply.bytes_after > 0;
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        truncated = true;
+    }
+    Ok(Some((text, truncated)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,6 +158,10 @@ pub struct Quiesced {
     pub elapsed_ms: u64,
 }
 
+/// Most bytes of clipboard text a `clipboard_get` answer carries; longer
+/// text is cut (at a character boundary) and marked `truncated`.
+pub const MAX_CLIPBOARD_BYTES: usize = 1024 * 1024;
+
 crate::guest_protocol! {
     requests {
         /// Versions and container-start identity.
@@ -198,6 +202,9 @@ crate::guest_protocol! {
             /// The batch, validated again by the supervisor.
             batch: crate::actions::ActionBatch,
         } -> crate::actions::GuestActionResults, answer actions;
+        /// The X `CLIPBOARD` selection's text, as UTF-8, at most
+        /// [`MAX_CLIPBOARD_BYTES`].
+        "clipboard_get" => ClipboardGet -> ClipboardText, answer clipboard_get;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -227,6 +234,15 @@ crate::guest_protocol! {
         /// Answer to [`Request::Actions`]: the results, their images one
         /// after the other as the frame's payload.
         "action_results" => ActionResults(crate::actions::GuestActionResults), payload;
+        /// Answer to [`Request::ClipboardGet`]: the text is the frame's
+        /// payload (UTF-8; empty without `has_text`).
+        "clipboard" => Clipboard {
+            /// Whether the selection had text: an owner that converted it
+            /// to UTF-8 (`false` when nobody owns it or it has no text form).
+            has_text: bool,
+            /// Whether the text was longer than [`MAX_CLIPBOARD_BYTES`].
+            truncated: bool,
+        } as ClipboardText, payload;
     }
 }
 
@@ -249,7 +265,8 @@ mod tests {
                 "activity",
                 "exec",
                 "pty_open",
-                "actions"
+                "actions",
+                "clipboard_get"
             ]
         );
         assert_eq!(
@@ -263,6 +280,7 @@ mod tests {
                 "exec_result",
                 "pty_opened",
                 "action_results",
+                "clipboard",
                 "error"
             ]
         );
@@ -377,6 +395,12 @@ mod tests {
             _: call::Actions,
         ) -> Result<Reply<crate::actions::GuestActionResults>, Refusal> {
             Err(Refusal::new("nope", "no actions"))
+        }
+        async fn clipboard_get(
+            &self,
+            _: call::ClipboardGet,
+        ) -> Result<Reply<ClipboardText>, Refusal> {
+            Err(Refusal::new("nope", "no clipboard"))
         }
     }
 

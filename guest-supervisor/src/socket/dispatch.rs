@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dormouse_protocol::frame::FrameError;
+use dormouse_protocol::guest::{ClipboardText, MAX_CLIPBOARD_BYTES};
 use dormouse_protocol::stream::{self, StreamError};
 use dormouse_protocol::{
     call, After, GuestService, GuestStatus, Hello, Quiesced, Refusal, Reply, Response,
@@ -156,6 +157,28 @@ impl GuestService for Service {
         a: call::Actions,
     ) -> Result<Reply<dormouse_protocol::actions::GuestActionResults>, Refusal> {
         actions(a.batch, &self.config).await
+    }
+
+    async fn clipboard_get(&self, _: call::ClipboardGet) -> Result<Reply<ClipboardText>, Refusal> {
+        let bound = Duration::from_millis(self.config.probe_timeout_ms);
+        let read = crate::x_client::with_display(&self.config, bound, |conn, screen| {
+            crate::x_client::clipboard_text(conn, screen, MAX_CLIPBOARD_BYTES)
+        });
+        match read.await {
+            Ok(Some((text, truncated))) => {
+                let answer = ClipboardText {
+                    has_text: true,
+                    truncated,
+                };
+                Ok(Reply::with_payload(answer, text.into_bytes()))
+            }
+            Ok(None) => Ok(ClipboardText {
+                has_text: false,
+                truncated: false,
+            }
+            .into()),
+            Err(e) => Err(Refusal::new("clipboard_failed", e.to_string())),
+        }
     }
 }
 

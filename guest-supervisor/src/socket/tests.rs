@@ -636,3 +636,16 @@ async fn screenshot_and_activity_without_a_display_answer_anyway() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn clipboard_without_a_display_is_refused_with_a_reason() {
+    let guest = start();
+    let mut c = connect(&guest).await;
+    let answer = ask(&mut c, &Request::ClipboardGet).await;
+    assert_eq!(error_code(&answer), "clipboard_failed");
+    // The connection goes on serving.
+    assert!(matches!(
+        ask(&mut c, &Request::Hello).await,
+        Response::Hello(_)
+    ));
+}
