@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use dormouse_protocol::{Activity, BusyProcess};
-use x11rb::connection::Connection as _;
 use x11rb::protocol::screensaver::ConnectionExt as _;
 
 use crate::config::Config;
@@ -138,12 +137,7 @@ pub async fn sample_busy(config: &Config) -> std::io::Result<Vec<BusyProcess>> {
 pub async fn input_idle_ms(config: &Config) -> Result<u64, XError> {
     let bound = Duration::from_millis(config.probe_timeout_ms);
     x_client::with_display(config, bound, |conn, screen| {
-        let root = conn
-            .setup()
-            .roots
-            .get(screen)
-            .map(|s| s.root)
-            .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))?;
+        let root = x_client::root_window(conn, screen)?;
         let info = conn.screensaver_query_info(root)?.reply()?;
         Ok(u64::from(info.ms_since_user_input))
     })

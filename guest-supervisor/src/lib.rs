@@ -16,16 +16,17 @@ pub mod init;
 pub mod input;
 pub mod locks;
 pub mod nofollow;
+pub mod pidfd;
 pub mod prepare;
 pub mod probe;
 pub mod procfs;
 pub mod reopen;
-pub mod run;
 pub mod screenshot;
 pub mod services;
 pub mod socket;
-pub mod state;
+pub mod status;
 pub mod stop;
+pub mod supervise;
 pub mod vnc_socket;
 pub mod x_client;
 
@@ -36,7 +37,7 @@ pub use config::Config;
 pub fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
-pub use state::{QuiesceRequest, StatusCell};
+pub use status::{QuiesceRequest, StatusCell};
 
 /// The capabilities the supervisor needs (see [`dormouse_protocol::GUEST_CAPABILITIES`]).
 pub use dormouse_protocol::GUEST_CAPABILITIES as REQUIRED_CAPABILITIES;

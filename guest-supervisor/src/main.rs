@@ -175,7 +175,7 @@ fn start(
     let code = match command {
         Cmd::Run => {
             let stopped = runtime
-                .block_on(dormouse_supervisor::run::run(config))
+                .block_on(dormouse_supervisor::supervise::run(config))
                 .context("running the desktop")?;
             tracing::info!(?stopped, "exiting");
             ExitCode::SUCCESS

@@ -22,7 +22,7 @@ use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::screenshot::{self, CaptureStats, CountingWriter};
-use crate::state::StatusCell;
+use crate::status::StatusCell;
 use crate::x_client::{self, WmState, XError};
 
 /// Check names, stable for clients.
@@ -314,12 +314,7 @@ async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
 }
 
 fn conn_root(conn: &RustConnection, screen: usize) -> Result<u32, XError> {
-    use x11rb::connection::Connection as _;
-    conn.setup()
-        .roots
-        .get(screen)
-        .map(|s| s.root)
-        .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))
+    x_client::root_window(conn, screen)
 }
 
 fn wm_check(wm: Result<WmState, String>, services: &[ServiceState]) -> Check {

@@ -167,10 +167,8 @@ impl PixelFormat {
         screen: usize,
     ) -> Result<(Self, xproto::Window, u32, u32), ScreenshotError> {
         let setup = conn.setup();
-        let root = setup
-            .roots
-            .get(screen)
-            .ok_or_else(|| ScreenshotError::Unsupported(format!("no screen {screen}")))?;
+        let root = x_client::screen(conn, screen)
+            .map_err(|_| ScreenshotError::Unsupported(format!("no screen {screen}")))?;
         let depth = root.root_depth;
         let format = setup
             .pixmap_formats
@@ -307,6 +305,9 @@ pub struct CaptureSpec {
 /// the size of `spec` to `out`, drawing the pointer in when asked. Runs on a
 /// blocking thread. Memory: one strip, one RGB row and, when shrinking, one
 /// row of sums.
+// Over 100 lines on purpose: one streaming pass (read a strip, convert,
+// shrink, draw the pointer, write the rows) whose buffers are sized once
+// up front; split, the memory bound above would be spread over helpers.
 pub fn encode(
     conn: &RustConnection,
     screen: usize,

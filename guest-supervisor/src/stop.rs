@@ -12,17 +12,16 @@
 //! never touches processes of other users, and never kills before asking.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
 use dormouse_protocol::Quiesced;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::pidfd::Pidfd;
 use crate::procfs::{self, ProcessInfo, Stat};
 use crate::reopen::{Closed, Relaunch, MAX_RELAUNCHES};
 use crate::services::Services;
@@ -215,7 +214,7 @@ pub async fn close_politely(config: &Config, pids: &[u32], bound: Duration) -> b
 pub struct Held {
     /// Its pid (for messages and the procfs fallback).
     pub pid: u32,
-    pidfd: Option<OwnedFd>,
+    pidfd: Option<Pidfd>,
 }
 
 impl Held {
@@ -223,7 +222,7 @@ impl Held {
     /// that the pid still is a live process (so the pidfd cannot name a
     /// process that took over the number). `None` when it is gone.
     pub fn new(proc_root: &Path, pid: u32) -> Option<Self> {
-        match pidfd_open(pid) {
+        match Pidfd::open(pid) {
             Ok(fd) => {
                 let held = Self {
                     pid,
@@ -250,17 +249,10 @@ impl Held {
     /// pidfd, procfs says so).
     pub fn alive(&self, proc_root: &Path) -> bool {
         match &self.pidfd {
-            Some(fd) => {
-                let mut poll = [nix::poll::PollFd::new(
-                    fd.as_fd(),
-                    nix::poll::PollFlags::POLLIN,
-                )];
-                match nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO) {
-                    Ok(0) => true,
-                    Ok(_) => false,
-                    Err(_) => alive(proc_root, self.pid),
-                }
-            }
+            Some(fd) => match fd.has_exited() {
+                Ok(exited) => !exited,
+                Err(_) => alive(proc_root, self.pid),
+            },
             None => alive(proc_root, self.pid),
         }
     }
@@ -270,7 +262,7 @@ impl Held {
     pub fn signal(&self, signal: Signal) {
         match &self.pidfd {
             Some(fd) => {
-                if let Err(e) = pidfd_send_signal(fd, signal) {
+                if let Err(e) = fd.signal(signal) {
                     tracing::debug!(pid = self.pid, error = %e, "signal not delivered");
                 }
             }
@@ -286,18 +278,8 @@ impl Held {
     /// procfs says it has exited).
     async fn wait(&self, proc_root: &Path) {
         if let Some(fd) = &self.pidfd {
-            match fd.try_clone() {
-                // SAFETY: the AsyncFd owns the cloned OwnedFd, so the
-                // descriptor stays open and the same for the AsyncFd's life.
-                Ok(fd) => match unsafe {
-                    AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-                } {
-                    Ok(fd) => {
-                        let _ = fd.readable().await;
-                        return;
-                    }
-                    Err(e) => tracing::debug!(pid = self.pid, error = %e, "cannot watch pidfd"),
-                },
+            match fd.exited().await {
+                Ok(()) => return,
                 Err(e) => tracing::debug!(pid = self.pid, error = %e, "cannot watch pidfd"),
             }
         }
@@ -370,37 +352,6 @@ async fn wait_in_procfs(proc_root: &Path, pid: u32) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn pidfd_open(pid: u32) -> nix::Result<OwnedFd> {
-    let pid = nix::libc::pid_t::try_from(pid).map_err(|_| nix::errno::Errno::ESRCH)?;
-    // SAFETY: pidfd_open takes two integers and touches no memory of ours.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    let fd = i32::try_from(fd).map_err(|_| nix::errno::Errno::EBADF)?;
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn pidfd_send_signal(fd: &OwnedFd, signal: Signal) -> nix::Result<()> {
-    let info: *const nix::libc::siginfo_t = std::ptr::null();
-    // SAFETY: the descriptor is open (borrowed for the call), the signal is
-    // a valid number, a null siginfo means "as kill(2) would", flags are 0.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            signal as nix::libc::c_int,
-            info,
-            0,
-        )
-    };
-    if rc < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    Ok(())
 }
 
 /// Awaits all futures concurrently (a tiny `join_all`, so the supervisor
@@ -494,10 +445,7 @@ mod tests {
         // the process that ended, so nothing is signalled.
         assert!(!held.alive(proc_root));
         if let Some(fd) = &held.pidfd {
-            assert_eq!(
-                pidfd_send_signal(fd, Signal::SIGTERM),
-                Err(nix::errno::Errno::ESRCH)
-            );
+            assert_eq!(fd.signal(Signal::SIGTERM), Err(nix::errno::Errno::ESRCH));
         }
         assert!(
             tokio::time::timeout(Duration::from_secs(5), held.wait(proc_root))

@@ -24,7 +24,7 @@ use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use crate::config::Config;
 use crate::socket::{self, SocketError};
-use crate::state::StatusCell;
+use crate::status::StatusCell;
 
 /// Most VNC connections spliced at once (the broker caps viewers per
 /// capability and capabilities per computer; this bounds what the guest

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use x11rb::connection::Connection as _;
 use x11rb::errors::{ConnectError, ConnectionError, ReplyError};
-use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
+use x11rb::protocol::xproto::{self, AtomEnum, ClientMessageEvent, ConnectionExt as _, EventMask};
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use crate::config::Config;
@@ -104,14 +104,23 @@ where
     }
 }
 
-/// Size and depth of the root window of `screen`.
-pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, u8), XError> {
-    use x11rb::connection::Connection as _;
-    let root = conn
-        .setup()
+/// Screen `screen` of the display: its root window, size and depth. The
+/// one lookup of a root window in the supervisor.
+pub fn screen(conn: &RustConnection, screen: usize) -> Result<&xproto::Screen, XError> {
+    conn.setup()
         .roots
         .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?;
+        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))
+}
+
+/// The root window of `screen`.
+pub fn root_window(conn: &RustConnection, screen: usize) -> Result<xproto::Window, XError> {
+    self::screen(conn, screen).map(|s| s.root)
+}
+
+/// Size and depth of the root window of `screen`.
+pub fn root_geometry(conn: &RustConnection, screen: usize) -> Result<(u32, u32, u8), XError> {
+    let root = self::screen(conn, screen)?;
     Ok((
         u32::from(root.width_in_pixels),
         u32::from(root.height_in_pixels),
@@ -192,12 +201,7 @@ fn ask_to_close(
     screen: usize,
     pids: &BTreeSet<u32>,
 ) -> Result<usize, XError> {
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .ok_or_else(|| XError::Unexpected(format!("the server has no screen {screen}")))?
-        .root;
+    let root = root_window(conn, screen)?;
     let client_list = atom(conn, b"_NET_CLIENT_LIST")?;
     let wm_pid = atom(conn, b"_NET_WM_PID")?;
     let protocols = atom(conn, b"WM_PROTOCOLS")?;
@@ -238,6 +242,74 @@ fn ask_to_close(
     // A round trip: every event is delivered before the connection closes.
     conn.get_input_focus()?.reply()?;
     Ok(asked)
+}
+
+/// The X `CLIPBOARD` selection's text: asks its owner to convert it to
+/// `UTF8_STRING` on a hidden window of ours and reads the property back, at
+/// most `max` bytes (cut at a character boundary). `None` when nobody owns
+/// the selection or the owner has no text form of it; `(text, true)` when
+/// it was longer than `max` (also when the owner would send it
+/// incrementally, `INCR`, which is not followed: the text is then empty).
+/// The wait for the owner's answer is bounded by [`with_display`]'s bound.
+pub fn clipboard_text(
+    conn: &RustConnection,
+    screen: usize,
+    max: usize,
+) -> Result<Option<(String, bool)>, XError> {
+    let clipboard = atom(conn, b"CLIPBOARD")?;
+    if conn.get_selection_owner(clipboard)?.reply()?.owner == x11rb::NONE {
+        return Ok(None);
+    }
+    let utf8 = atom(conn, b"UTF8_STRING")?;
+    let incr = atom(conn, b"INCR")?;
+    let property = atom(conn, b"DORMOUSE_CLIPBOARD")?;
+    let window = conn
+        .generate_id()
+        .map_err(|e| XError::Unexpected(format!("no window id: {e}")))?;
+    conn.create_window(
+        x11rb::COPY_DEPTH_FROM_PARENT,
+        window,
+        root_window(conn, screen)?,
+        0,
+        0,
+        1,
+        1,
+        0,
+        xproto::WindowClass::INPUT_ONLY,
+        x11rb::COPY_FROM_PARENT,
+        &xproto::CreateWindowAux::new(),
+    )?;
+    conn.convert_selection(window, clipboard, utf8, property, x11rb::CURRENT_TIME)?;
+    conn.flush()?;
+    let converted = loop {
+        if let x11rb::protocol::Event::SelectionNotify(e) = conn.wait_for_event()? {
+            if e.requestor == window {
+                break e.property != x11rb::NONE;
+            }
+        }
+    };
+    if !converted {
+        return Ok(None);
+    }
+    let words = u32::try_from(max.div_ceil(4)).unwrap_or(u32::MAX);
+    let reply = conn
+        .get_property(true, window, property, AtomEnum::ANY, 0, words)?
+        .reply()?;
+    let _ = conn.destroy_window(window);
+    if reply.type_ == incr {
+        return Ok(Some((String::new(), true)));
+    }
+    let mut text = String::from_utf8_lossy(&reply.value).into_owned();
+    let mut truncated = reply.bytes_after > 0;
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        truncated = true;
+    }
+    Ok(Some((text, truncated)))
 }
 
 #[cfg(test)]

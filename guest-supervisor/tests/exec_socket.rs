@@ -19,7 +19,7 @@ use dormouse_protocol::stream::{read_frame, write_frame, ReadLimits};
 use dormouse_protocol::{ContainerStartIdentity, Request, Response};
 use dormouse_supervisor::config::Config;
 use dormouse_supervisor::socket;
-use dormouse_supervisor::state::StatusCell;
+use dormouse_supervisor::status::StatusCell;
 use exec_support::{init, runner, token, wait_for, with_arg, Workspace};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::UnixStream;

@@ -500,6 +500,23 @@ pub async fn screenshot(socket: &GuestSocket) -> Result<Vec<u8>, GuestError> {
     socket.connect().await?.screenshot().await
 }
 
+/// Connect and read the guest's clipboard text (the X `CLIPBOARD`
+/// selection); `None` when it holds no text. The text is the guest's and
+/// hostile: escape it ([`sanitize`]) before it reaches a log or a terminal.
+pub async fn clipboard(socket: &GuestSocket) -> Result<Option<String>, GuestError> {
+    let answer = socket.connect().await?.call(call::ClipboardGet).await?;
+    if !answer.message.has_text {
+        return Ok(None);
+    }
+    let malformed = |why: &str| GuestError::Frame(FrameError::Malformed(why.into()));
+    if answer.payload.len() > dormouse_protocol::guest::MAX_CLIPBOARD_BYTES {
+        return Err(malformed("clipboard text over its bound"));
+    }
+    let text =
+        String::from_utf8(answer.payload).map_err(|_| malformed("clipboard text is not UTF-8"))?;
+    Ok(Some(text))
+}
+
 /// What a follower reports about the guest.
 #[derive(Debug, Clone)]
 pub enum GuestUpdate {
@@ -707,6 +724,34 @@ pub(crate) mod tests {
             conn.status().await,
             Err(GuestError::Refused { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn the_clipboard_is_its_text_and_bad_text_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let answers: [(bool, &'static [u8]); 3] = [
+            (true, "copié".as_bytes()),
+            (false, b""),
+            (true, b"\xff\xfe"),
+        ];
+        for (i, (has_text, payload)) in answers.into_iter().enumerate() {
+            let path = dir.path().join(format!("s{i}.sock"));
+            let listener = UnixListener::bind(&path).expect("bind");
+            tokio::spawn(serve_once(listener, move |req| {
+                assert_eq!(req, &Request::ClipboardGet);
+                let answer = Response::Clipboard {
+                    has_text,
+                    truncated: false,
+                };
+                frame::encode(&answer, payload).expect("encode")
+            }));
+            let got = clipboard(&GuestSocket::new(&path)).await;
+            match i {
+                0 => assert_eq!(got.expect("text"), Some("copié".to_owned())),
+                1 => assert_eq!(got.expect("no text"), None),
+                _ => assert!(matches!(got, Err(GuestError::Frame(_))), "{got:?}"),
+            }
+        }
     }
 
     #[tokio::test]

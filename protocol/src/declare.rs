@@ -3,9 +3,92 @@
 //! [`Response`](crate::Response) enums, their `kind` tags, one typed call
 //! per request ([`crate::call`]) and the answer each call expects.
 //!
-//! Owns the traits that tie a request to its answer ([`Call`], [`Answer`]).
-//! It must never hold message contents or policy: the table itself lives
-//! in [`crate::guest`], and what a peer does with a message is the peer's.
+//! Owns the traits that tie a request to its answer ([`Call`], [`Answer`]),
+//! the connection modes a request may have ([`Mode`]) and the shapes of the
+//! generated service the supervisor implements ([`Reply`], [`Refusal`],
+//! [`After`], [`Served`]). It must never hold message contents or policy:
+//! the table itself lives in [`crate::guest`], and what a peer does with a
+//! message is the peer's.
+
+/// What a request does to its connection, declared per request in the
+/// table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One answer, then the connection serves the next request.
+    Answer,
+    /// A stream of answers until the client hangs up (`watch`).
+    Stream,
+    /// Served on the connection, which then means "the caller is still
+    /// there" (its end or any byte cancels or releases), no idle bound.
+    Held,
+    /// The connection becomes a session of frames both ways
+    /// (`pty_open`) until it ends.
+    Session,
+}
+
+/// A typed answer and the payload that goes with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply<A> {
+    /// The answer.
+    pub answer: A,
+    /// Its frame's payload (empty for most answers).
+    pub payload: Vec<u8>,
+}
+
+impl<A> Reply<A> {
+    /// `answer` with `payload` as its frame's payload.
+    pub fn with_payload(answer: A, payload: Vec<u8>) -> Self {
+        Self { answer, payload }
+    }
+}
+
+impl<A> From<A> for Reply<A> {
+    fn from(answer: A) -> Self {
+        Self {
+            answer,
+            payload: Vec::new(),
+        }
+    }
+}
+
+/// Why a request was not served: the `error` response's code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Stable code, e.g. `screenshot_failed`.
+    pub code: String,
+    /// For people.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What a request served on its connection leaves the connection to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// It may serve the next request.
+    Continue,
+    /// It is done; close it.
+    Close,
+}
+
+/// What the generated dispatcher ([`crate::guest::serve`]) made of one
+/// request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Served {
+    /// A [`Mode::Answer`] request's answer (or its refusal) and payload,
+    /// for the caller to write.
+    Answer(crate::Response, Vec<u8>),
+    /// A request served on its connection is done with it this way.
+    Done(After),
+}
 
 /// A response that answers some request: the typed content of one
 /// [`Response`](crate::Response) variant.
@@ -31,6 +114,8 @@ pub trait Call: Into<crate::Request> {
     const KIND: &'static str;
     /// What answers it (for `watch`: each item of the stream).
     type Answer: Answer;
+    /// What it does to its connection.
+    const MODE: Mode;
 }
 
 /// Declares the guest protocol. Used once, in [`crate::guest`].
@@ -39,8 +124,10 @@ pub trait Call: Into<crate::Request> {
 /// guest_protocol! {
 ///     requests {
 ///         /// docs
-///         "kind" => Variant { field: Type, ... } -> AnswerType;   // fields optional
-///         "kind" => Variant(Type) -> AnswerType, payload;         // a newtype request
+///         "kind" => Variant { field: Type, ... } -> AnswerType, answer method;
+///         "kind" => Variant(Type) -> AnswerType, held method, payload;
+///         // mode: answer | stream | held | session (see `Mode`);
+///         // method: the `GuestService` method that serves it
 ///     }
 ///     responses {
 ///         /// docs
@@ -56,6 +143,12 @@ pub trait Call: Into<crate::Request> {
 /// `payload_allowed()` for both, one struct `call::Variant` per request with
 /// `impl Call` and `From<call::Variant> for Request`, and `impl Answer` for
 /// every answer type (a `Struct` named with `as` is generated).
+///
+/// It also yields the service the supervisor implements: `GuestService`,
+/// one method per request (an `answer` request's method returns its typed
+/// [`Reply`] or a [`Refusal`]; the others are handed the connection and
+/// return [`After`]), and `serve`, the one dispatcher from a [`Request`] to
+/// its method. A request missing from an implementation does not compile.
 #[macro_export]
 macro_rules! guest_protocol {
     (
@@ -65,7 +158,7 @@ macro_rules! guest_protocol {
                 $rkind:literal => $req:ident
                     $( ( $rty:ty ) )?
                     $( { $( $(#[$rfmeta:meta])* $rfield:ident : $rfty:ty ),* $(,)? } )?
-                    -> $answer:ty
+                    -> $answer:ty , $mode:ident $method:ident
                     $( , $rpayload:ident )? ;
             )*
         }
@@ -106,6 +199,23 @@ macro_rules! guest_protocol {
                 match self {
                     $( Self::$req { .. } => $crate::guest_protocol!(@payload $($rpayload)?), )*
                 }
+            }
+
+            /// What this request does to its connection.
+            pub fn mode(&self) -> $crate::declare::Mode {
+                match self {
+                    $( Self::$req { .. } => $crate::guest_protocol!(@mode $mode), )*
+                }
+            }
+        }
+
+        impl $crate::frame::Message for Request {
+            const KINDS: &'static [&'static str] = Request::KINDS;
+            fn payload_allowed(&self) -> bool {
+                Request::payload_allowed(self)
+            }
+            fn kind(&self) -> &'static str {
+                Request::kind(self)
             }
         }
 
@@ -157,6 +267,16 @@ macro_rules! guest_protocol {
             }
         }
 
+        impl $crate::frame::Message for Response {
+            const KINDS: &'static [&'static str] = Response::KINDS;
+            fn payload_allowed(&self) -> bool {
+                Response::payload_allowed(self)
+            }
+            fn kind(&self) -> &'static str {
+                Response::kind(self)
+            }
+        }
+
         $(
             $crate::guest_protocol!(@answer $akind, $resp
                 $( ( $aty ) )?
@@ -175,8 +295,90 @@ macro_rules! guest_protocol {
         }
 
         $(
-            $crate::guest_protocol!(@call_impl $rkind, $req $( ( $rty ) )? $( { $( $rfield ),* } )? -> $answer);
+            $crate::guest_protocol!(@call_impl $rkind, $req $( ( $rty ) )? $( { $( $rfield ),* } )? -> $answer, $mode);
         )*
+
+        /// The supervisor's side of the table: one method per request. An
+        /// `answer` request's method returns its typed reply; a request of
+        /// another mode is handed the connection ([`GuestService::Conn`])
+        /// and its payload, and says what is left of the connection.
+        pub trait GuestService: Sync {
+            /// One client connection, as the implementation reads and
+            /// writes it.
+            type Conn: Send;
+            $(
+                $crate::guest_protocol!(@method $(#[$rmeta])* $mode $method $req -> $answer);
+            )*
+        }
+
+        /// Serves one request with `service`: the table's one dispatch. An
+        /// `answer` request's reply (or refusal) comes back as
+        /// [`Served::Answer`](crate::declare::Served::Answer) for the caller
+        /// to write (its request payload, never allowed, is dropped); any
+        /// other is served on `conn`.
+        pub async fn serve<S: GuestService>(
+            service: &S,
+            request: Request,
+            payload: Vec<u8>,
+            conn: &mut S::Conn,
+        ) -> $crate::declare::Served {
+            match request {
+                $(
+                    request @ Request::$req { .. } => {
+                        // Always `Some`: the arm picked the kind.
+                        let Some(call) = call::$req::from_request(request) else {
+                            return $crate::declare::Served::Answer(
+                                Response::error("bad_request", "a request of another kind"),
+                                Vec::new(),
+                            );
+                        };
+                        $crate::guest_protocol!(@serve $mode service $method call payload conn)
+                    }
+                )*
+            }
+        }
+    };
+
+    (@mode answer) => { $crate::declare::Mode::Answer };
+    (@mode stream) => { $crate::declare::Mode::Stream };
+    (@mode held) => { $crate::declare::Mode::Held };
+    (@mode session) => { $crate::declare::Mode::Session };
+
+    (@method $(#[$rmeta:meta])* answer $method:ident $req:ident -> $answer:ty) => {
+        $(#[$rmeta])*
+        fn $method(
+            &self,
+            call: call::$req,
+        ) -> impl ::std::future::Future<
+            Output = Result<$crate::declare::Reply<$answer>, $crate::declare::Refusal>,
+        > + Send;
+    };
+    (@method $(#[$rmeta:meta])* $mode:ident $method:ident $req:ident -> $answer:ty) => {
+        $(#[$rmeta])*
+        fn $method(
+            &self,
+            call: call::$req,
+            payload: Vec<u8>,
+            conn: &mut Self::Conn,
+        ) -> impl ::std::future::Future<Output = $crate::declare::After> + Send;
+    };
+
+    (@serve answer $service:ident $method:ident $call:ident $payload:ident $conn:ident) => {{
+        drop($payload);
+        let _ = &$conn;
+        match $service.$method($call).await {
+            Ok(reply) => $crate::declare::Served::Answer(
+                $crate::Answer::into_response(reply.answer),
+                reply.payload,
+            ),
+            Err(refusal) => $crate::declare::Served::Answer(
+                Response::error(refusal.code, refusal.message),
+                Vec::new(),
+            ),
+        }
+    }};
+    (@serve $mode:ident $service:ident $method:ident $call:ident $payload:ident $conn:ident) => {
+        $crate::declare::Served::Done($service.$method($call, $payload, $conn).await)
     };
 
     (@payload) => { false };
@@ -237,38 +439,70 @@ macro_rules! guest_protocol {
         }
     };
 
-    (@call_impl $rkind:literal, $req:ident -> $answer:ty) => {
+    (@call_impl $rkind:literal, $req:ident -> $answer:ty, $mode:ident) => {
         impl From<call::$req> for Request {
             fn from(_: call::$req) -> Self {
                 Request::$req
             }
         }
-        impl $crate::Call for call::$req {
-            const KIND: &'static str = $rkind;
-            type Answer = $answer;
-        }
-    };
-    (@call_impl $rkind:literal, $req:ident ( $rty:ty ) -> $answer:ty) => {
-        impl From<call::$req> for Request {
-            fn from(call: call::$req) -> Self {
-                Request::$req(call.0)
+        impl call::$req {
+            /// The call `request` holds, if it is of this kind.
+            #[allow(dead_code)]
+            fn from_request(request: Request) -> Option<Self> {
+                matches!(request, Request::$req).then_some(Self)
             }
         }
         impl $crate::Call for call::$req {
             const KIND: &'static str = $rkind;
             type Answer = $answer;
+            const MODE: $crate::declare::Mode = $crate::guest_protocol!(@mode $mode);
         }
     };
-    (@call_impl $rkind:literal, $req:ident { $( $rfield:ident ),* } -> $answer:ty) => {
+    (@call_impl $rkind:literal, $req:ident ( $rty:ty ) -> $answer:ty, $mode:ident) => {
+        impl From<call::$req> for Request {
+            fn from(call: call::$req) -> Self {
+                Request::$req(call.0)
+            }
+        }
+        impl call::$req {
+            /// The call `request` holds, if it is of this kind.
+            #[allow(dead_code)]
+            fn from_request(request: Request) -> Option<Self> {
+                match request {
+                    Request::$req(inner) => Some(Self(inner)),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            }
+        }
+        impl $crate::Call for call::$req {
+            const KIND: &'static str = $rkind;
+            type Answer = $answer;
+            const MODE: $crate::declare::Mode = $crate::guest_protocol!(@mode $mode);
+        }
+    };
+    (@call_impl $rkind:literal, $req:ident { $( $rfield:ident ),* } -> $answer:ty, $mode:ident) => {
         impl From<call::$req> for Request {
             fn from(call: call::$req) -> Self {
                 let call::$req { $( $rfield ),* } = call;
                 Request::$req { $( $rfield ),* }
             }
         }
+        impl call::$req {
+            /// The call `request` holds, if it is of this kind.
+            #[allow(dead_code)]
+            fn from_request(request: Request) -> Option<Self> {
+                match request {
+                    Request::$req { $( $rfield ),* } => Some(Self { $( $rfield ),* }),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            }
+        }
         impl $crate::Call for call::$req {
             const KIND: &'static str = $rkind;
             type Answer = $answer;
+            const MODE: $crate::declare::Mode = $crate::guest_protocol!(@mode $mode);
         }
     };
 }

@@ -18,7 +18,6 @@ use std::io::{Read, Write};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::guest::{Request, Response};
 use crate::PROTOCOL_VERSION;
 
 /// Size of the fixed frame header.
@@ -89,26 +88,6 @@ pub trait Message: Serialize + DeserializeOwned {
     fn payload_allowed(&self) -> bool;
     /// This message's `kind` tag.
     fn kind(&self) -> &'static str;
-}
-
-impl Message for Request {
-    const KINDS: &'static [&'static str] = Request::KINDS;
-    fn payload_allowed(&self) -> bool {
-        Request::payload_allowed(self)
-    }
-    fn kind(&self) -> &'static str {
-        Request::kind(self)
-    }
-}
-
-impl Message for Response {
-    const KINDS: &'static [&'static str] = Response::KINDS;
-    fn payload_allowed(&self) -> bool {
-        Response::payload_allowed(self)
-    }
-    fn kind(&self) -> &'static str {
-        Response::kind(self)
-    }
 }
 
 /// The validated fixed header of a frame.
@@ -437,7 +416,7 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guest::{ContainerStartIdentity, Hello};
+    use crate::guest::{ContainerStartIdentity, Hello, Request, Response};
 
     fn hello() -> Response {
         Response::Hello(Hello {

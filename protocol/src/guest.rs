@@ -7,8 +7,10 @@
 //!
 //! This file is the one declaration of the protocol: the message contents
 //! below and the [`guest_protocol!`](crate::guest_protocol) table at its end,
-//! which yields [`Request`], [`Response`], their kinds and one typed
-//! [`call`] per request. It holds no I/O and no policy.
+//! which yields [`Request`], [`Response`], their kinds, one typed [`call`]
+//! per request with its connection mode, and the service the supervisor
+//! implements ([`GuestService`], dispatched by [`serve`]). It holds no I/O
+//! and no policy.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -156,21 +158,25 @@ pub struct Quiesced {
     pub elapsed_ms: u64,
 }
 
+/// Most bytes of clipboard text a `clipboard_get` answer carries; longer
+/// text is cut (at a character boundary) and marked `truncated`.
+pub const MAX_CLIPBOARD_BYTES: usize = 1024 * 1024;
+
 crate::guest_protocol! {
     requests {
         /// Versions and container-start identity.
-        "hello" => Hello -> Hello;
+        "hello" => Hello -> Hello, answer hello;
         /// Phase, services, health report.
-        "status" => Status -> GuestStatus;
+        "status" => Status -> GuestStatus, answer status;
         /// Push the status now and on every change until the client hangs up.
-        "watch" => Watch -> GuestStatus;
+        "watch" => Watch -> GuestStatus, stream watch;
         /// A PNG of the whole screen, as the frame's binary payload.
-        "screenshot" => Screenshot -> ScreenshotInfo;
+        "screenshot" => Screenshot -> ScreenshotInfo, answer screenshot;
         /// Close browsers cleanly so their profiles flush; answer when done.
         "quiesce" => Quiesce {
             /// Upper bound the supervisor keeps to.
             timeout_ms: u64,
-        } -> Quiesced;
+        } -> Quiesced, answer quiesce;
         /// `quiesce`, held: the browsers close the same way and the answer
         /// is the same, then they stay closed while this connection stays
         /// open. When it ends (or any byte arrives) the supervisor starts
@@ -179,23 +185,26 @@ crate::guest_protocol! {
         "quiesce_hold" => QuiesceHold {
             /// Upper bound the supervisor keeps to for the closing.
             timeout_ms: u64,
-        } -> Quiesced;
+        } -> Quiesced, held quiesce_hold;
         /// Input idle time and busy processes.
-        "activity" => Activity -> Activity;
+        "activity" => Activity -> Activity, answer activity;
         /// Run one command as the desktop user ([`crate::exec`]); its stdin
         /// is the frame's payload. While it runs, the connection's end (or
         /// any byte) cancels it.
-        "exec" => Exec(crate::exec::ExecRequest) -> crate::exec::ExecResultHead, payload;
+        "exec" => Exec(crate::exec::ExecRequest) -> crate::exec::ExecResultHead, held exec, payload;
         /// Start a process on a pseudo-terminal; after `pty_opened` the
         /// connection carries `PtyInput` and `PtyEvent` frames until
         /// `pty_exit`.
-        "pty_open" => PtyOpen(crate::exec::PtyOpen) -> PtyOpened;
+        "pty_open" => PtyOpen(crate::exec::PtyOpen) -> PtyOpened, session pty_open;
         /// Run a batch of computer-use actions in order, stopping at the
         /// first failure ([`crate::actions`]).
         "actions" => Actions {
             /// The batch, validated again by the supervisor.
             batch: crate::actions::ActionBatch,
-        } -> crate::actions::GuestActionResults;
+        } -> crate::actions::GuestActionResults, answer actions;
+        /// The X `CLIPBOARD` selection's text, as UTF-8, at most
+        /// [`MAX_CLIPBOARD_BYTES`].
+        "clipboard_get" => ClipboardGet -> ClipboardText, answer clipboard_get;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -225,13 +234,22 @@ crate::guest_protocol! {
         /// Answer to [`Request::Actions`]: the results, their images one
         /// after the other as the frame's payload.
         "action_results" => ActionResults(crate::actions::GuestActionResults), payload;
+        /// Answer to [`Request::ClipboardGet`]: the text is the frame's
+        /// payload (UTF-8; empty without `has_text`).
+        "clipboard" => Clipboard {
+            /// Whether the selection had text: an owner that converted it
+            /// to UTF-8 (`false` when nobody owns it or it has no text form).
+            has_text: bool,
+            /// Whether the text was longer than [`MAX_CLIPBOARD_BYTES`].
+            truncated: bool,
+        } as ClipboardText, payload;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Answer, Call};
+    use crate::{After, Answer, Call, Mode, Refusal, Reply, Served};
 
     #[test]
     fn kinds_follow_the_declaration_in_order() {
@@ -247,7 +265,8 @@ mod tests {
                 "activity",
                 "exec",
                 "pty_open",
-                "actions"
+                "actions",
+                "clipboard_get"
             ]
         );
         assert_eq!(
@@ -261,6 +280,7 @@ mod tests {
                 "exec_result",
                 "pty_opened",
                 "action_results",
+                "clipboard",
                 "error"
             ]
         );
@@ -292,6 +312,11 @@ mod tests {
             "quiesced"
         );
         assert_eq!(<<call::Watch as Call>::Answer as Answer>::KIND, "status");
+        assert_eq!(<call::Hello as Call>::MODE, Mode::Answer);
+        assert_eq!(<call::Watch as Call>::MODE, Mode::Stream);
+        assert_eq!(<call::QuiesceHold as Call>::MODE, Mode::Held);
+        assert_eq!(<call::PtyOpen as Call>::MODE, Mode::Session);
+        assert_eq!(Request::Quiesce { timeout_ms: 1 }.mode(), Mode::Answer);
         assert_eq!(
             <<call::Screenshot as Call>::Answer as Answer>::KIND,
             "screenshot"
@@ -312,5 +337,121 @@ mod tests {
         // A wrong-kind answer is handed back, not misread.
         let other = Response::error("x", "y");
         assert_eq!(Quiesced::from_response(other.clone()), Err(other));
+    }
+
+    /// A service that answers from fixed values and records what the
+    /// connection-mode requests were handed.
+    struct Fixed;
+
+    impl GuestService for Fixed {
+        type Conn = Vec<String>;
+        async fn hello(&self, _: call::Hello) -> Result<Reply<Hello>, Refusal> {
+            Err(Refusal::new("nope", "refused"))
+        }
+        async fn status(&self, _: call::Status) -> Result<Reply<GuestStatus>, Refusal> {
+            Err(Refusal::new("nope", "no status"))
+        }
+        async fn watch(&self, _: call::Watch, _: Vec<u8>, conn: &mut Vec<String>) -> After {
+            conn.push("watch".into());
+            After::Close
+        }
+        async fn screenshot(&self, _: call::Screenshot) -> Result<Reply<ScreenshotInfo>, Refusal> {
+            let info = ScreenshotInfo {
+                width: 2,
+                height: 1,
+            };
+            Ok(Reply::with_payload(info, b"png".to_vec()))
+        }
+        async fn quiesce(&self, q: call::Quiesce) -> Result<Reply<Quiesced>, Refusal> {
+            Ok(Quiesced {
+                closed: vec![q.timeout_ms.to_string()],
+                complete: true,
+                elapsed_ms: 0,
+            }
+            .into())
+        }
+        async fn quiesce_hold(
+            &self,
+            q: call::QuiesceHold,
+            _: Vec<u8>,
+            conn: &mut Vec<String>,
+        ) -> After {
+            conn.push(format!("hold {}", q.timeout_ms));
+            After::Close
+        }
+        async fn activity(&self, _: call::Activity) -> Result<Reply<Activity>, Refusal> {
+            Err(Refusal::new("nope", "no activity"))
+        }
+        async fn exec(&self, e: call::Exec, payload: Vec<u8>, conn: &mut Vec<String>) -> After {
+            conn.push(format!("exec {:?} {}", e.0.argv, payload.len()));
+            After::Continue
+        }
+        async fn pty_open(&self, _: call::PtyOpen, _: Vec<u8>, conn: &mut Vec<String>) -> After {
+            conn.push("pty".into());
+            After::Close
+        }
+        async fn actions(
+            &self,
+            _: call::Actions,
+        ) -> Result<Reply<crate::actions::GuestActionResults>, Refusal> {
+            Err(Refusal::new("nope", "no actions"))
+        }
+        async fn clipboard_get(
+            &self,
+            _: call::ClipboardGet,
+        ) -> Result<Reply<ClipboardText>, Refusal> {
+            Err(Refusal::new("nope", "no clipboard"))
+        }
+    }
+
+    #[tokio::test]
+    async fn serve_dispatches_each_request_to_its_method_by_mode() {
+        let mut conn = Vec::new();
+        let served = serve(&Fixed, Request::Screenshot, Vec::new(), &mut conn).await;
+        assert_eq!(
+            served,
+            Served::Answer(
+                Response::Screenshot {
+                    width: 2,
+                    height: 1
+                },
+                b"png".to_vec()
+            )
+        );
+        let served = serve(
+            &Fixed,
+            Request::Quiesce { timeout_ms: 9 },
+            Vec::new(),
+            &mut conn,
+        )
+        .await;
+        assert!(
+            matches!(served, Served::Answer(Response::Quiesced(q), p) if q.closed == ["9"] && p.is_empty())
+        );
+        // A refusal is the error response.
+        let served = serve(&Fixed, Request::Hello, Vec::new(), &mut conn).await;
+        assert_eq!(
+            served,
+            Served::Answer(Response::error("nope", "refused"), Vec::new())
+        );
+        assert!(
+            conn.is_empty(),
+            "answer requests never touch the connection"
+        );
+        // The others are served on the connection, with their payload.
+        let exec = crate::exec::ExecRequest::argv(["true"]);
+        let served = serve(&Fixed, Request::Exec(exec), b"stdin".to_vec(), &mut conn).await;
+        assert_eq!(served, Served::Done(After::Continue));
+        let served = serve(
+            &Fixed,
+            Request::QuiesceHold { timeout_ms: 4 },
+            Vec::new(),
+            &mut conn,
+        )
+        .await;
+        assert_eq!(served, Served::Done(After::Close));
+        let served = serve(&Fixed, Request::Watch, Vec::new(), &mut conn).await;
+        assert_eq!(served, Served::Done(After::Close));
+        assert_eq!(conn, ["exec Some([\"true\"]) 5", "hold 4", "watch"]);
     }
 }

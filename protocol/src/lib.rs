@@ -21,11 +21,11 @@ pub mod screen;
 pub mod stream;
 pub mod workspace;
 
-pub use declare::{Answer, Call};
+pub use declare::{After, Answer, Call, Mode, Refusal, Reply, Served};
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
 pub use guest::{
-    call, Activity, BusyProcess, ContainerStartIdentity, GuestStatus, Hello, Phase, Quiesced,
-    Request, Response, ScreenshotInfo, ServiceRunState, ServiceState,
+    call, serve, Activity, BusyProcess, ContainerStartIdentity, GuestService, GuestStatus, Hello,
+    Phase, Quiesced, Request, Response, ScreenshotInfo, ServiceRunState, ServiceState,
 };
 pub use health::{Check, CheckStatus, HealthReport, HEALTH_SCHEMA_VERSION};
 

@@ -19,13 +19,13 @@
 //! collects them, and the confirmation waits for that.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use tokio::time::Instant;
 
+use crate::pidfd::Pidfd;
 use crate::procfs;
 
 /// Most pids named in an [`KillError::Unkillable`].
@@ -127,47 +127,11 @@ fn members(proc_root: &Path, tag_gid: u32) -> Result<Vec<Seen>, KillError> {
         .collect())
 }
 
-/// A pidfd for `pid`.
-fn pidfd_open(pid: u32) -> Result<OwnedFd, Errno> {
-    let pid = nix::libc::pid_t::try_from(pid).map_err(|_| Errno::ESRCH)?;
-    // SAFETY: pidfd_open(2) takes a pid and a flags word and returns a new
-    // descriptor or -1; no memory is passed.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    let fd = i32::try_from(fd).map_err(|_| Errno::EBADF)?;
-    // SAFETY: the kernel just returned this descriptor to us; nothing else
-    // owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// Whether this kernel (and seccomp profile) gives pidfds, so kills cannot
 /// hit a reused pid. Without them the kill falls back to check-then-kill by
 /// pid (see `kill_verified`); worth a line in the start log.
 pub fn pidfds_available() -> bool {
-    pidfd_open(std::process::id()).is_ok()
-}
-
-/// `SIGKILL` through a pidfd: reaches exactly the process the pidfd was
-/// opened for, or nothing when it has gone.
-fn pidfd_kill(fd: &OwnedFd) -> Result<(), Errno> {
-    // SAFETY: pidfd_send_signal(2) takes a descriptor we own, a signal
-    // number, a null siginfo (allowed: the kernel fills in a kill()-like
-    // one) and a flags word.
-    let r = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            nix::libc::SIGKILL,
-            std::ptr::null::<nix::libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
+    crate::pidfd::available()
 }
 
 /// Kills `seen` if, after its pidfd is open, it still belongs to the exec:
@@ -179,8 +143,8 @@ fn kill_verified(proc_root: &Path, seen: Seen, tag_gid: u32, members: &HashSet<u
         read_status(&proc_root.join(seen.pid.to_string()), seen.pid, tag_gid)
             .is_some_and(|now| now.tagged || (now.ppid == seen.ppid && members.contains(&now.ppid)))
     };
-    match pidfd_open(seen.pid) {
-        Ok(fd) => still_ours() && pidfd_kill(&fd).is_ok(),
+    match Pidfd::open(seen.pid) {
+        Ok(fd) => still_ours() && fd.signal(nix::sys::signal::Signal::SIGKILL).is_ok(),
         Err(Errno::ESRCH) => false,
         // No pidfds (a kernel before 5.3, or a seccomp profile without
         // them): check, then kill by pid. The window between the two is

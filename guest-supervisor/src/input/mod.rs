@@ -22,7 +22,12 @@
 //! refuses for this screen, never spawn a process (no xdotool), and never
 //! leave a key or button pressed that the batch did not ask to keep pressed.
 
+mod capture;
+mod keyboard;
 pub mod keymap;
+mod pointer;
+
+pub use keyboard::typed_keysyms;
 
 use std::time::Duration;
 
@@ -36,73 +41,12 @@ use x11rb::protocol::xtest::{self, ConnectionExt as _};
 use x11rb::protocol::Event;
 use x11rb::rust_connection::RustConnection;
 
+use self::capture::acquire_capture_slot;
 use self::keymap::{KeyAt, Keymap};
+use self::pointer::{presses_a_button, DRAG_STEPS};
 use crate::config::Config;
 use crate::screenshot::{self, CaptureSpec, Rect, ScreenshotError};
 use crate::x_client::{self, XError};
-
-/// `Return` and `Tab`.
-const RETURN: u32 = 0xff0d;
-const TAB: u32 = 0xff09;
-
-/// Keysyms that make a combination a shortcut: Control, Meta, Alt, Super,
-/// Hyper (left and right).
-const SHORTCUT_MODIFIERS: &[u32] = &[
-    0xffe3, 0xffe4, 0xffe7, 0xffe8, 0xffe9, 0xffea, 0xffeb, 0xffec, 0xffed, 0xffee,
-];
-
-/// The keycode (evdev numbering, which Xvfb and every current X server
-/// use) of an ASCII letter or digit on a US keyboard, and whether it is the
-/// shifted one.
-fn us_position(sym: u32) -> Option<(Keycode, bool)> {
-    const ROWS: &[(&[u8], u8)] = &[
-        (b"1234567890", 10),
-        (b"qwertyuiop", 24),
-        (b"asdfghjkl", 38),
-        (b"zxcvbnm", 52),
-    ];
-    let c = u8::try_from(sym).ok()?;
-    let (lower, shift) = if c.is_ascii_uppercase() {
-        (c.to_ascii_lowercase(), true)
-    } else {
-        (c, false)
-    };
-    ROWS.iter().find_map(|(row, first)| {
-        let i = row.iter().position(|r| *r == lower)?;
-        let i = u8::try_from(i).ok()?;
-        Some((first + i, shift))
-    })
-}
-
-/// Longest wait for the focused client's answer to a ping.
-const PING_BOUND: Duration = Duration::from_secs(10);
-
-/// Extra settle per key sent, for clients that cannot be pinged.
-const SETTLE_PER_KEY: Duration = Duration::from_micros(250);
-/// Longest settle for clients that cannot be pinged.
-const SETTLE_MAX: Duration = Duration::from_secs(3);
-
-/// Longest wait for the server's pointer to reach the last point sent.
-/// While a client holds a synchronous grab (openbox's click-to-focus grab
-/// on every managed window), the server freezes the pointer on a press and
-/// queues the events behind it until that client lets them go, so a
-/// position asked for right after a click can be the click's, not the
-/// later move's. Openbox lets go within milliseconds, except right after a
-/// keyboard mapping change (a layout switch, or the bindings typing
-/// makes), which it handles first: 100–300 ms seen on a quiet host, over
-/// 3 s with the whole test suite running beside it. A pointer someone else
-/// moves meanwhile (a person on a control screen) makes the wait run out.
-const POINTER_BOUND: Duration = Duration::from_secs(10);
-
-/// Pause between the clicks of a double or triple click. A toolkit counts
-/// a click as a repeat only when its press carries a later server
-/// timestamp than the previous one (Chromium ignores equal ones as one
-/// native event), and clicks sent back to back share a millisecond.
-const MULTI_CLICK_GAP: Duration = Duration::from_millis(20);
-
-/// Steps of the pointer's path between the ends of a drag: applications
-/// start a drag only after motion with the button held.
-const DRAG_STEPS: i64 = 8;
 
 /// How typing is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,25 +137,10 @@ impl ActionError {
 }
 
 /// Upper bound of a whole batch on the display: the hang guard of
-/// [`execute`]. Generous: 10 s, plus the batch's durations, plus 5 ms per
-/// byte of text, plus a screenshot bound per image action.
+/// [`execute`], the protocol's one formula ([`actions::run_bound`]) with
+/// the probe's screenshot bound per image action.
 pub fn batch_bound(config: &Config, batch: &ActionBatch) -> Duration {
-    let mut bound = Duration::from_secs(10);
-    for action in &batch.actions {
-        bound += Duration::from_secs_f64(action.duration().clamp(0.0, 3600.0));
-        match action {
-            Action::Type { text } | Action::Key { text } => {
-                bound += Duration::from_millis(5)
-                    .saturating_mul(u32::try_from(text.len()).unwrap_or(u32::MAX));
-                bound += InputOptions::default().settle * 2;
-            }
-            Action::Screenshot {} | Action::Zoom { .. } => {
-                bound += Duration::from_millis(config.probe_timeout_ms);
-            }
-            _ => {}
-        }
-    }
-    bound
+    actions::run_bound(batch, Duration::from_millis(config.probe_timeout_ms))
 }
 
 /// Executes `batch` on the configured display: validates it against the
@@ -244,20 +173,6 @@ pub async fn execute(
     .await?
 }
 
-/// One capture at a time, also from inside a batch (which runs on a
-/// blocking thread, so it waits for the slot by blocking on the runtime).
-fn acquire_capture_slot(
-    runtime: &tokio::runtime::Handle,
-    bound: Duration,
-) -> Result<tokio::sync::SemaphorePermit<'static>, XError> {
-    runtime.block_on(async {
-        tokio::time::timeout(bound, screenshot::CAPTURE_SLOT.acquire())
-            .await
-            .map_err(|_| XError::Timeout(bound))?
-            .map_err(|e| XError::Join(e.to_string()))
-    })
-}
-
 /// A capture-slot source: the socket path blocks on the runtime; tests on
 /// a plain thread take it directly.
 type SlotFn<'a> = dyn Fn() -> Result<tokio::sync::SemaphorePermit<'static>, XError> + 'a;
@@ -287,12 +202,7 @@ fn run_batch(
 ) -> Result<BatchOutcome, ExecuteError> {
     let (width, height, _) = x_client::root_geometry(conn, screen)?;
     let space = actions::validate(batch, Some(actions::Size { width, height }))?;
-    let root = conn
-        .setup()
-        .roots
-        .get(screen)
-        .map(|s| s.root)
-        .ok_or_else(|| XError::Unexpected(format!("no screen {screen}")))?;
+    let root = x_client::root_window(conn, screen)?;
     let mut run = Runner {
         conn,
         screen,
@@ -369,20 +279,6 @@ fn run_batch(
     })
 }
 
-/// Whether the action presses a mouse button (the wheel aside).
-fn presses_a_button(name: ActionName) -> bool {
-    matches!(
-        name,
-        ActionName::LeftMouseDown
-            | ActionName::LeftClick
-            | ActionName::LeftClickDrag
-            | ActionName::RightClick
-            | ActionName::MiddleClick
-            | ActionName::DoubleClick
-            | ActionName::TripleClick
-    )
-}
-
 struct Runner<'a> {
     conn: &'a RustConnection,
     screen: usize,
@@ -405,6 +301,10 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
+    /// Runs one action.
+    // Over 100 lines on purpose: one arm per action of the protocol's
+    // exhaustive `Action` enum, each a few calls into `pointer`,
+    // `keyboard` or `capture`; the match is the table of what each does.
     fn one(&mut self, action: &Action) -> Result<ActionResult, ActionError> {
         let name = action.name();
         let needs_xtest = !matches!(
@@ -541,239 +441,6 @@ impl Runner<'_> {
         Ok(ActionResult::ok(name))
     }
 
-    fn capture(
-        &mut self,
-        name: ActionName,
-        spec: &CaptureSpec,
-    ) -> Result<ActionResult, ActionError> {
-        let limit = dormouse_protocol::MAX_PAYLOAD_LEN;
-        let room = usize::try_from(limit)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(self.image_bytes);
-        let _slot = (self.slot)()?;
-        let mut png = screenshot::BoundedVec::new(room);
-        let stats = screenshot::encode(self.conn, self.screen, spec, &mut png).map_err(|e| {
-            if screenshot::is_too_large(&e) {
-                ActionError::TooLarge(limit)
-            } else {
-                ActionError::Screenshot(e)
-            }
-        })?;
-        let png = png.into_inner();
-        self.image_bytes += png.len();
-        self.images.push(png);
-        Ok(ActionResult {
-            image: Some(ActionImage {
-                media_type: "image/png".into(),
-                data: String::new(),
-            }),
-            size: Some([stats.width, stats.height]),
-            ..ActionResult::ok(name)
-        })
-    }
-
-    fn keymap(&mut self) -> Result<&mut Keymap, ActionError> {
-        if self.keymap.is_none() {
-            self.keymap = Some(Keymap::load(self.conn)?);
-        }
-        self.keymap
-            .as_mut()
-            .ok_or_else(|| ActionError::X(XError::Unexpected("keymap".into())))
-    }
-
-    /// The keycodes of a modifier combination, bound where needed.
-    fn combo(&mut self, text: &str) -> Result<Vec<KeyAt>, ActionError> {
-        let combo = actions::parse_combo(text).map_err(|p| invalid(ActionName::Key, p))?;
-        self.resolve(&combo, text)
-    }
-
-    /// Keysyms to keys: those of the layout (level 1, or level 2 with
-    /// Shift as xdotool does), the others bound to spare keycodes.
-    fn resolve(&mut self, combo: &[u32], text: &str) -> Result<Vec<KeyAt>, ActionError> {
-        let conn = self.conn;
-        let keymap = self.keymap()?;
-        let shortcut = combo.iter().any(|s| SHORTCUT_MODIFIERS.contains(s));
-        let mut keys = Vec::with_capacity(combo.len());
-        for sym in combo {
-            let at = match keymap.find(*sym, true) {
-                Some(at) => at,
-                // A shortcut with a Latin letter or digit the layout lacks
-                // (ctrl+a under a Cyrillic layout): the key at that
-                // character's place on a US keyboard, as a person presses
-                // it; applications match shortcuts by that place.
-                None => {
-                    match us_position(*sym).filter(|(k, _)| shortcut && !keymap.is_modifier(*k)) {
-                        Some((keycode, shift)) => KeyAt { keycode, shift },
-                        None => keymap
-                            .bind(*sym, false)
-                            .ok_or_else(|| ActionError::NoSpareKeycode(text.to_owned()))?,
-                    }
-                }
-            };
-            keys.push(at);
-        }
-        if keymap.flush(conn)? {
-            self.settle()?;
-        }
-        Ok(keys)
-    }
-
-    fn shift_keycode(&mut self) -> Result<Keycode, ActionError> {
-        self.keymap()?
-            .modifier_keycode(0)
-            .ok_or(ActionError::NoModifierKey("Shift"))
-    }
-
-    fn press_all(&mut self, keys: &[KeyAt]) -> Result<(), ActionError> {
-        let shift = if keys.iter().any(|k| k.shift) {
-            Some(self.shift_keycode()?)
-        } else {
-            None
-        };
-        for k in keys {
-            if k.shift {
-                if let Some(s) = shift.filter(|s| !keys.iter().any(|o| o.keycode == *s)) {
-                    self.key(s, true)?;
-                }
-            }
-            self.key(k.keycode, true)?;
-            self.keys_since_settle = self.keys_since_settle.saturating_add(1);
-        }
-        Ok(())
-    }
-
-    fn release_all(&mut self, keys: &[KeyAt]) -> Result<(), ActionError> {
-        let shift = if keys.iter().any(|k| k.shift) {
-            Some(self.shift_keycode()?)
-        } else {
-            None
-        };
-        for k in keys.iter().rev() {
-            self.key(k.keycode, false)?;
-        }
-        if let Some(s) = shift.filter(|s| !keys.iter().any(|o| o.keycode == *s)) {
-            self.key(s, false)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `f` with `held` pressed, releasing them even when `f` fails.
-    fn with_held(
-        &mut self,
-        held: &[KeyAt],
-        f: impl FnOnce(&mut Self) -> Result<(), ActionError>,
-    ) -> Result<(), ActionError> {
-        self.press_all(held)?;
-        let done = f(self);
-        let released = self.release_all(held);
-        done.and(released)
-    }
-
-    fn click(
-        &mut self,
-        held: &[KeyAt],
-        at: Option<actions::Coordinate>,
-        button: u8,
-        times: u32,
-    ) -> Result<(), ActionError> {
-        self.with_held(held, |r| {
-            r.move_opt(at)?;
-            for i in 0..times {
-                if i > 0 {
-                    r.sync()?;
-                    std::thread::sleep(MULTI_CLICK_GAP);
-                }
-                r.button(button, true)?;
-                r.button(button, false)?;
-            }
-            r.buttons_released()
-        })
-    }
-
-    /// Waits until the server has processed the button releases sent: while
-    /// the window manager's click-to-focus grab holds the pointer frozen,
-    /// pointer events queue but key events do not, so modifiers released
-    /// (or keys pressed) right after a click would reach the client before
-    /// the click itself (a shift-click arriving without Shift). Bounded by
-    /// [`POINTER_BOUND`].
-    fn buttons_released(&mut self) -> Result<(), ActionError> {
-        const BUTTONS: u16 = 0x1f00;
-        self.pointer_until(|p| u16::from(p.mask) & BUTTONS == 0)
-            .map(drop)
-    }
-
-    /// Asks the server for the pointer until `done` holds or
-    /// [`POINTER_BOUND`] passed; answers the last reply.
-    fn pointer_until(
-        &mut self,
-        done: impl Fn(&xproto::QueryPointerReply) -> bool,
-    ) -> Result<xproto::QueryPointerReply, ActionError> {
-        let deadline = std::time::Instant::now() + POINTER_BOUND;
-        loop {
-            let p = self
-                .conn
-                .query_pointer(self.root)
-                .map_err(XError::from)?
-                .reply()
-                .map_err(XError::from)?;
-            if done(&p) || std::time::Instant::now() >= deadline {
-                return Ok(p);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    fn move_opt(&mut self, at: Option<actions::Coordinate>) -> Result<(), ActionError> {
-        match at {
-            Some(at) => self.move_to(at),
-            None => Ok(()),
-        }
-    }
-
-    fn move_to(&mut self, at: actions::Coordinate) -> Result<(), ActionError> {
-        let [x, y] = self.space.to_screen(at);
-        let x = i16::try_from(x).map_err(|_| XError::Unexpected(format!("x {x}")))?;
-        let y = i16::try_from(y).map_err(|_| XError::Unexpected(format!("y {y}")))?;
-        self.conn
-            .xtest_fake_input(xproto::MOTION_NOTIFY_EVENT, 0, 0, self.root, x, y, 0)
-            .map_err(XError::from)?;
-        self.pointer = Some((x, y));
-        Ok(())
-    }
-
-    /// Where the server has the pointer, once it is where it was last sent
-    /// (or [`POINTER_BOUND`] passed: then where it is, frozen or moved by
-    /// someone else).
-    fn pointer_settled(&mut self) -> Result<(i16, i16), ActionError> {
-        let sent = self.pointer;
-        let p = self.pointer_until(|p| sent.is_none_or(|s| s == (p.root_x, p.root_y)))?;
-        Ok((p.root_x, p.root_y))
-    }
-
-    fn button(&mut self, button: u8, press: bool) -> Result<(), ActionError> {
-        let kind = if press {
-            xproto::BUTTON_PRESS_EVENT
-        } else {
-            xproto::BUTTON_RELEASE_EVENT
-        };
-        self.conn
-            .xtest_fake_input(kind, button, 0, self.root, 0, 0, 0)
-            .map_err(XError::from)?;
-        Ok(())
-    }
-
-    fn key(&mut self, keycode: Keycode, press: bool) -> Result<(), ActionError> {
-        let kind = if press {
-            xproto::KEY_PRESS_EVENT
-        } else {
-            xproto::KEY_RELEASE_EVENT
-        };
-        self.conn
-            .xtest_fake_input(kind, keycode, 0, self.root, 0, 0, 0)
-            .map_err(XError::from)?;
-        Ok(())
-    }
-
     /// One round trip: the server has processed everything sent; an error
     /// it reported for an unchecked request fails the action.
     fn sync(&mut self) -> Result<(), ActionError> {
@@ -789,241 +456,6 @@ impl Runner<'_> {
         }
         Ok(())
     }
-
-    /// Before keys that follow a click in the same batch: a click moves the
-    /// keyboard focus (between windows, or inside a page) only once the
-    /// client has handled it, and keys sent before that go where the focus
-    /// was (Chromium sent keys typed right after a click into the element
-    /// focused before it, 4 times in 6). Waits until the focused client
-    /// answered a ping queued behind the click (0 in 8 misplaced), or
-    /// `options.settle` for a client that cannot be pinged.
-    fn hand_over_click(&mut self) -> Result<(), ActionError> {
-        self.sync()?;
-        if !self.ping_focus()? {
-            std::thread::sleep(self.options.settle);
-        }
-        Ok(())
-    }
-
-    /// Waits until the client with the keyboard focus has handled all input
-    /// and mapping changes sent so far: a `_NET_WM_PING` sent now is queued
-    /// behind them, so its answer says so (bounded by [`PING_BOUND`]). A
-    /// client without the ping protocol (or without an answer) gets
-    /// `options.settle` plus [`SETTLE_PER_KEY`] for every key pressed since
-    /// the last settle: a client that lags behind lags in proportion to
-    /// what it was sent (capped at [`SETTLE_MAX`]).
-    fn settle(&mut self) -> Result<(), ActionError> {
-        let backlog = std::mem::take(&mut self.keys_since_settle);
-        if !self.ping_focus()? {
-            let extra = SETTLE_PER_KEY.saturating_mul(backlog);
-            std::thread::sleep((self.options.settle + extra).min(SETTLE_MAX));
-        }
-        Ok(())
-    }
-
-    fn ping_focus(&mut self) -> Result<bool, ActionError> {
-        let conn = self.conn;
-        let (protocols, ping) = match self.ping_atoms {
-            Some(atoms) => atoms,
-            None => {
-                let atoms = (
-                    x_client::atom(conn, b"WM_PROTOCOLS")?,
-                    x_client::atom(conn, b"_NET_WM_PING")?,
-                );
-                // Answers go to the root window, to those who listen there.
-                conn.change_window_attributes(
-                    self.root,
-                    &xproto::ChangeWindowAttributesAux::new()
-                        .event_mask(xproto::EventMask::SUBSTRUCTURE_NOTIFY),
-                )
-                .map_err(XError::from)?;
-                self.ping_atoms = Some(atoms);
-                atoms
-            }
-        };
-        let Some(target) = self.ping_target(protocols, ping)? else {
-            return Ok(false);
-        };
-        self.pings = self.pings.wrapping_add(1);
-        // A timestamp of its own, so another client's answers do not count.
-        let stamp = 0x444d_0000 | (self.pings & 0xffff);
-        let message =
-            xproto::ClientMessageEvent::new(32, target, protocols, [ping, stamp, target, 0, 0]);
-        conn.send_event(false, target, xproto::EventMask::NO_EVENT, message)
-            .map_err(XError::from)?;
-        conn.flush().map_err(XError::from)?;
-        let deadline = std::time::Instant::now() + PING_BOUND;
-        loop {
-            match conn.poll_for_event().map_err(XError::from)? {
-                Some(Event::ClientMessage(m)) if m.type_ == protocols => {
-                    let data = m.data.as_data32();
-                    if data[0] == ping && data[1] == stamp {
-                        return Ok(true);
-                    }
-                }
-                Some(_) => {}
-                None if std::time::Instant::now() >= deadline => return Ok(false),
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    }
-
-    /// The window that takes the keyboard now and speaks `_NET_WM_PING`:
-    /// the focus window or one of its ancestors; with the focus following
-    /// the pointer, the windows under the pointer.
-    fn ping_target(&self, protocols: u32, ping: u32) -> Result<Option<u32>, ActionError> {
-        let conn = self.conn;
-        let speaks_ping = |w: u32| -> Result<bool, ActionError> {
-            let reply = conn
-                .get_property(false, w, protocols, xproto::AtomEnum::ATOM, 0, 64)
-                .map_err(XError::from)?
-                .reply();
-            Ok(match reply {
-                Ok(r) => r.value32().is_some_and(|mut v| v.any(|a| a == ping)),
-                // The window went away meanwhile.
-                Err(_) => false,
-            })
-        };
-        let focus = conn
-            .get_input_focus()
-            .map_err(XError::from)?
-            .reply()
-            .map_err(XError::from)?
-            .focus;
-        let mut candidates = Vec::new();
-        if focus > 1 && focus != self.root {
-            // Up from the focus window.
-            let mut w = focus;
-            for _ in 0..32 {
-                if w == 0 || w == self.root {
-                    break;
-                }
-                candidates.push(w);
-                w = match conn.query_tree(w).map_err(XError::from)?.reply() {
-                    Ok(t) => t.parent,
-                    Err(_) => break,
-                };
-            }
-        } else {
-            // Down along the pointer.
-            let mut w = self.root;
-            for _ in 0..32 {
-                let child = match conn.query_pointer(w).map_err(XError::from)?.reply() {
-                    Ok(p) => p.child,
-                    Err(_) => break,
-                };
-                if child == 0 {
-                    break;
-                }
-                candidates.push(child);
-                w = child;
-            }
-        }
-        for w in candidates {
-            if speaks_ping(w)? {
-                return Ok(Some(w));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Types `text` exactly: each character from the layout where it has
-    /// it at level 1 or 2, otherwise bound to a spare keycode; as many
-    /// characters per chunk as there are spare keycodes, each chunk bound
-    /// in one go and confirmed by a round trip before its keys are sent.
-    fn type_text(&mut self, text: &str) -> Result<(), ActionError> {
-        let pointer = self
-            .conn
-            .query_pointer(self.root)
-            .map_err(XError::from)?
-            .reply()
-            .map_err(XError::from)?;
-        let mask = u16::from(pointer.mask);
-        let shortcut = u16::from(KeyButMask::CONTROL | KeyButMask::MOD1 | KeyButMask::MOD4);
-        if mask & shortcut != 0 {
-            return Err(ActionError::ModifiersActive(mask & shortcut));
-        }
-        // Shift, Caps Lock, a level-3 or level-5 latch or another group
-        // change what the layout's keys type: then every character goes
-        // through a binding, which types the same whatever is held.
-        let level_changers =
-            u16::from(KeyButMask::SHIFT | KeyButMask::LOCK | KeyButMask::MOD3 | KeyButMask::MOD5)
-                | 0x6000;
-        let plain = mask & level_changers == 0;
-        let chars = typed_keysyms(text);
-        let shift = self.keymap()?.modifier_keycode(0);
-        let mut i = 0;
-        while i < chars.len() {
-            let mut chunk: Vec<KeyAt> = Vec::new();
-            {
-                let keymap = self.keymap()?;
-                while let Some((primary, legacy)) = chars.get(i).copied() {
-                    let found = if plain {
-                        keymap
-                            .find(primary, shift.is_some())
-                            .or_else(|| legacy.and_then(|l| keymap.find(l, shift.is_some())))
-                    } else {
-                        None
-                    };
-                    // Two keysyms per spare keycode when Shift types
-                    // as the layout says (nothing else is held).
-                    let two_levels = plain && shift.is_some();
-                    match found.or_else(|| keymap.bind(primary, two_levels)) {
-                        Some(at) => chunk.push(at),
-                        None => break,
-                    }
-                    i += 1;
-                }
-            }
-            if chunk.is_empty() {
-                let c = keysym::char_of_keysym(chars.get(i).map_or(0, |c| c.0));
-                return Err(ActionError::NoSpareKeycode(
-                    c.map(String::from).unwrap_or_default(),
-                ));
-            }
-            let conn = self.conn;
-            if self.keymap()?.flush(conn)? {
-                self.settle()?;
-            }
-            for at in &chunk {
-                let keys = [*at];
-                self.press_all(&keys)?;
-                self.release_all(&keys)?;
-                if !self.options.char_delay.is_zero() {
-                    self.sync()?;
-                    std::thread::sleep(self.options.char_delay);
-                }
-            }
-            self.sync()?;
-            if i < chars.len() {
-                self.settle()?;
-                self.keymap()?.restore(conn)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The keysyms that type `text`, one per character: the Unicode-rule
-/// keysym and the legacy one a layout may carry instead. `\n` (and `\r\n`,
-/// and a lone `\r`) is Return, `\t` is Tab.
-pub fn typed_keysyms(text: &str) -> Vec<(u32, Option<u32>)> {
-    let mut out = Vec::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        out.push(match c {
-            '\r' => {
-                if chars.peek() == Some(&'\n') {
-                    chars.next();
-                }
-                (RETURN, None)
-            }
-            '\n' => (RETURN, None),
-            '\t' => (TAB, None),
-            c => (keysym::keysym_of_char(c), keysym::legacy_keysym_of_char(c)),
-        });
-    }
-    out
 }
 
 fn invalid(name: ActionName, problem: actions::Problem) -> ActionError {
@@ -1034,7 +466,15 @@ fn invalid(name: ActionName, problem: actions::Problem) -> ActionError {
 
 #[cfg(test)]
 mod tests {
+    use super::keyboard::{us_position, RETURN, TAB};
     use super::*;
+
+    #[test]
+    fn the_protocols_key_allowance_covers_two_settles() {
+        // The shared bound grants each key action two settles of the
+        // default options; a longer settle here would outgrow it.
+        assert!(InputOptions::default().settle * 2 <= actions::KEY_ACTION_ALLOWANCE);
+    }
 
     #[test]
     fn us_positions_follow_evdev() {

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::init::{self, ChildExit, OwnedChild};
 use crate::locks::{self, ProfileFamily};
-use crate::state::StatusCell;
+use crate::status::StatusCell;
 use output::{LineReader, Tail};
 use restart::{FailureCause, Remedy, RestartDecision, RestartPolicy, RestartTracker};
 
@@ -605,6 +605,9 @@ enum Attempt {
 }
 
 /// One life of the service: spawn, readiness, run until exit or stop.
+// Over 100 lines on purpose: one life in order (spawn, race readiness
+// against exit and stop, then race exit against stop), each race a short
+// `select!`; apart, the order of a life would be spread over helpers.
 async fn run_once(
     spec: &ServiceSpec,
     idx: usize,

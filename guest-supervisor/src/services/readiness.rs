@@ -95,12 +95,7 @@ pub async fn window_manager(config: &Config) -> Result<(), NotReady> {
 fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
     let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
     let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
-    let root = conn
-        .setup()
-        .roots
-        .first()
-        .map(|s| s.root)
-        .ok_or("the server has no screen")?;
+    let root = x_client::root_window(&conn, 0).map_err(|e| e.to_string())?;
     let atom = x_client::atom(&conn, b"_NET_SUPPORTING_WM_CHECK").map_err(|e| e.to_string())?;
     let watch = |window: u32| {
         conn.change_window_attributes(
@@ -146,7 +141,7 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
 /// screen. Cosmetic: a failure is logged and ignored.
 fn paint_root_background(conn: &RustConnection, root: u32) {
     const DESKTOP_RGB: u32 = 0x3b_5b_7a;
-    let Some(screen) = conn.setup().roots.first() else {
+    let Ok(screen) = x_client::screen(conn, 0) else {
         return;
     };
     if screen.root_depth != 24 {

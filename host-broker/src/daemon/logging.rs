@@ -71,18 +71,10 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
 /// character (bidi controls, zero-width characters) written as an escape.
 pub fn one_line(event: &str, colour: bool) -> std::borrow::Cow<'_, str> {
     let body = event.strip_suffix('\n').unwrap_or(event);
+    // The protocol's one check (controls and format characters), less what
+    // a log line may keep: its tabs, and its colours when asked for.
     let hazardous = |c: char| {
-        (c.is_control() && c != '\t' && !(colour && c == '\u{1b}'))
-            || matches!(
-                c,
-                '\u{061c}'
-                    | '\u{180e}'
-                    | '\u{200b}'..='\u{200f}'
-                    | '\u{2028}'..='\u{202e}'
-                    | '\u{2060}'..='\u{206f}'
-                    | '\u{feff}'
-                    | '\u{fff9}'..='\u{fffb}'
-            )
+        dormouse_protocol::frame::is_hazardous(c) && c != '\t' && !(colour && c == '\u{1b}')
     };
     if !body.chars().any(hazardous) {
         return std::borrow::Cow::Borrowed(event);

@@ -81,22 +81,17 @@ fn batch_durations(batch: &ActionBatch) -> f64 {
         .clamp(0.0, actions::MAX_BATCH_DURATION_SECS)
 }
 
-/// How long the broker waits for a batch's answer: generously above the
-/// supervisor's own bound (10 s, the durations, 5 ms per byte of text, a
-/// screenshot bound per image), plus a batch that may run ahead of it.
+/// What the broker waits for a batch's answer beyond the supervisor's own
+/// wait: the frame's way back and a busy guest's scheduling.
+const ANSWER_MARGIN: Duration = Duration::from_secs(10);
+
+/// How long the broker waits for a batch's answer: the supervisor's own
+/// wait ([`actions::guest_wait`], the protocol's one formula, with a
+/// screenshot bound per image), plus [`ANSWER_MARGIN`], so a batch the
+/// supervisor ends at its bound is answered `timeout` by the supervisor
+/// rather than given up on here.
 pub fn answer_bound(batch: &ActionBatch) -> Duration {
-    let mut bound = Duration::from_secs(15) + Duration::from_secs_f64(batch_durations(batch));
-    for action in &batch.actions {
-        match action {
-            Action::Type { text } | Action::Key { text } | Action::HoldKey { text, .. } => {
-                let bytes = u32::try_from(text.len()).unwrap_or(u32::MAX);
-                bound += Duration::from_millis(5).saturating_mul(bytes) + Duration::from_secs(1);
-            }
-            Action::Screenshot {} | Action::Zoom { .. } => bound += guest::SCREENSHOT_TIMEOUT,
-            _ => {}
-        }
-    }
-    bound.saturating_mul(2)
+    actions::guest_wait(batch, guest::SCREENSHOT_TIMEOUT).saturating_add(ANSWER_MARGIN)
 }
 
 /// The guest's answer as the API's, if it fits the batch: one result per

@@ -180,6 +180,13 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     return;
                 }
                 Request::Actions { batch } => scripted_actions(&batch),
+                Request::ClipboardGet => (
+                    Response::Clipboard {
+                        has_text: true,
+                        truncated: false,
+                    },
+                    b"copied".to_vec(),
+                ),
                 Request::Screenshot => (
                     Response::Screenshot {
                         width: 1,

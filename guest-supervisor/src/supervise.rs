@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::services::Services;
-use crate::state::{QuiesceRequest, StatusCell};
+use crate::status::{QuiesceRequest, StatusCell};
 use crate::{identity, init, prepare, probe, reopen, socket, stop};
 
 /// Why the supervisor could not run at all.
@@ -47,6 +47,9 @@ pub struct Stopped {
 }
 
 /// Runs the desktop until SIGTERM or SIGINT, then stops it gracefully.
+// Over 100 lines on purpose: this is the order of one container start,
+// read top to bottom; each step is a call into its own module, and cut
+// into pieces the order itself would no longer be visible in one place.
 pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     let started = Instant::now();
     // Before any child exists: orphans must come to us, and no SIGCHLD may
