@@ -14,6 +14,81 @@ pub const WORKSPACE_TAR_QUERY: &str = "workspace_tar";
 /// Content type of a workspace archive.
 pub const TAR_CONTENT_TYPE: &str = "application/x-tar";
 
+/// Query parameter of `GET /v1/computers/{id}/workspace` that picks the
+/// export's compression (`gzip`, `zstd` or `none`).
+pub const COMPRESSION_QUERY: &str = "compression";
+
+/// How a workspace archive is compressed. An import recognises it by the
+/// stream's first bytes; an export writes what was asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// A plain tar.
+    #[default]
+    None,
+    /// gzip (RFC 1952), one member or several.
+    Gzip,
+    /// Zstandard frames (RFC 8878).
+    Zstd,
+}
+
+impl Compression {
+    /// The compression a name says: `gzip`/`gz`, `zstd`/`zst`,
+    /// `none`/`identity`/`tar`; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "none" | "identity" | "tar" => Some(Self::None),
+            "gzip" | "gz" | "x-gzip" => Some(Self::Gzip),
+            "zstd" | "zst" => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    /// Its name as a query value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Gzip => "gzip",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    /// The `Content-Encoding` of a stream compressed this way (`None` for
+    /// a plain tar).
+    pub fn content_encoding(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Gzip => Some("gzip"),
+            Self::Zstd => Some("zstd"),
+        }
+    }
+
+    /// The `Content-Type` of an archive compressed this way.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::None => TAR_CONTENT_TYPE,
+            Self::Gzip => "application/gzip",
+            Self::Zstd => "application/zstd",
+        }
+    }
+
+    /// What a file name's ending says: `.tar.gz` and `.tgz` are gzip,
+    /// `.tar.zst`, `.tzst` and `.tar.zstd` are zstd, anything else plain.
+    pub fn of_file_name(name: &str) -> Self {
+        let lower = name.to_ascii_lowercase();
+        if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+            Self::Gzip
+        } else if lower.ends_with(".tar.zst")
+            || lower.ends_with(".tzst")
+            || lower.ends_with(".tar.zstd")
+        {
+            Self::Zstd
+        } else {
+            Self::None
+        }
+    }
+}
+
 /// What an entry of a workspace is, seen without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -91,12 +166,18 @@ pub struct DiskUsage {
 }
 
 /// `PUT /v1/computers/{id}/workspace`: what the import wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Imported {
-    /// Regular files.
+    /// Regular files (a file with several names counts once).
     pub files: u64,
-    /// Directories.
+    /// Directories (listed in the archive or implied by a path).
     pub dirs: u64,
+    /// Symlinks, made with their targets as given, never followed.
+    #[serde(default)]
+    pub symlinks: u64,
+    /// Second and later names of a file (hard links).
+    #[serde(default)]
+    pub hard_links: u64,
     /// Bytes of file content.
     pub bytes: u64,
     /// The replaced tree was removed (else the next start-up removes it).

@@ -24,7 +24,7 @@ use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::markers::{Markers, WORKSPACE_MARKER, WORKSPACE_MARKER_NAME};
 use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::{ContainerState, LeaseRequest};
-use dormouse_protocol::workspace::EntryType;
+use dormouse_protocol::workspace::{Compression, EntryType};
 use uuid::Uuid;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -371,9 +371,14 @@ async fn stopped_scenario(broker: &BrokerProcess) -> Result<()> {
             tar_entry("/etc/x", b'0', b"x", ""),
             StatusCode::BAD_REQUEST,
         ),
+        // A symlink is kept, but never written through.
         (
-            "link",
-            tar_entry("link", b'2', b"", "/"),
+            "link/passwd",
+            [
+                tar_entry("link", b'2', b"", "/etc"),
+                tar_entry("link/passwd", b'0', b"root::0:0::/:/bin/sh\n", ""),
+            ]
+            .concat(),
             StatusCode::BAD_REQUEST,
         ),
         (
@@ -397,6 +402,37 @@ async fn stopped_scenario(broker: &BrokerProcess) -> Result<()> {
             StatusCode::PAYLOAD_TOO_LARGE,
         ),
     ];
+    // The first 64 KiB of a gzip of 10 GiB of zeros (about 64 MiB once
+    // decompressed): refused at the limit after the end-of-archive block.
+    let bomb = {
+        use std::io::Read as _;
+        let mut z = flate2::read::GzEncoder::new(
+            std::io::repeat(0).take(10 << 30),
+            flate2::Compression::best(),
+        );
+        let mut head = vec![0u8; 64 << 10];
+        z.read_exact(&mut head)?;
+        head
+    };
+    for (entry, archive, expect) in [
+        ("the end after", bomb, StatusCode::PAYLOAD_TOO_LARGE),
+        (
+            "start of archive",
+            b"PK\x03\x04 a zip".repeat(40),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (status, msg) = refusal(api.import(id, archive).await)?;
+        ensure!(
+            status == expect && msg.contains(entry),
+            "{entry}: {status} {msg}"
+        );
+        ensure!(
+            !msg.contains("/tmp") && !msg.contains(&broker.data_dir().display().to_string()),
+            "{msg}"
+        );
+        ensure!(snapshot(&ws) == intact, "{entry}: the workspace changed");
+    }
     for (entry, bad, expect) in &cases {
         let archive = tar(&[ok.clone(), bad.clone()]);
         let (status, msg) = refusal(api.import(id, archive.clone()).await)?;
@@ -728,4 +764,153 @@ async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
     drop(broker);
     drop(autostart);
     result
+}
+
+/// A real virtualenv (`python3 -m venv`), a `node_modules/.bin` link, a
+/// relative link and a hard-linked pair made in a live desktop's
+/// workspace: exported (zstd), imported into a new desktop, where the
+/// venv's python runs and every link and time is as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_virtualenv_and_links_survive_export_and_import() -> Result<()> {
+    let Some(image) = setup("a_virtualenv_and_links_survive_export_and_import") else {
+        return Ok(());
+    };
+    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+    let result = venv_scenario(&broker).await;
+    with_log(&broker, result)
+}
+
+/// Type, link target, mtime in nanoseconds and the first path of its
+/// hard-link group, for everything below `root` but its top-level
+/// directories the supervisor manages.
+fn links_and_times(root: &Path) -> BTreeMap<String, (char, String, i128, String)> {
+    let mut out = BTreeMap::new();
+    let mut inodes: BTreeMap<u64, String> = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .expect("list")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        names.sort();
+        for path in names {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if rel.starts_with('.') {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&path).expect("lstat");
+            let (kind, link) = if m.file_type().is_symlink() {
+                (
+                    'l',
+                    std::fs::read_link(&path)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            } else if m.is_dir() {
+                stack.push(path.clone());
+                ('d', String::new())
+            } else {
+                ('-', String::new())
+            };
+            let group = if m.nlink() > 1 && !m.is_dir() {
+                inodes.entry(m.ino()).or_insert_with(|| rel.clone()).clone()
+            } else {
+                String::new()
+            };
+            let t = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+            out.insert(rel, (kind, link, t, group));
+        }
+    }
+    out
+}
+
+async fn venv_scenario(broker: &BrokerProcess) -> Result<()> {
+    let (api, mut events, a) = ready_desktop(broker, "venv-source").await?;
+    let guest_a = Guest::for_computer(a);
+    // The image has python3 but not Debian's ensurepip (python3-venv), so
+    // the venv is made without pip; its links are what a venv's are.
+    guest_a
+        .sh_ok(
+            GuestUser::Desk,
+            "cd /home/desk/workspace && python3 -m venv --without-pip venv && \
+             mkdir -p proj/node_modules/tool/bin proj/node_modules/.bin proj/docs && \
+             printf '#!/bin/sh\\necho tool ran\\n' > proj/node_modules/tool/bin/cli.js && \
+             chmod 755 proj/node_modules/tool/bin/cli.js && \
+             ln -s ../tool/bin/cli.js proj/node_modules/.bin/tool && \
+             echo readme > proj/docs/README.md && ln -s docs/README.md proj/README && \
+             echo pair > pair-a && ln pair-a pair-b && \
+             touch -h -d @1700000000.25 proj/README pair-a venv/bin/python && sync",
+        )
+        .await?;
+    api.stop(a).await?;
+    api.wait_stopped(&mut events, a, STOPPED_TIMEOUT).await?;
+    let before = links_and_times(&broker.workspace(a));
+    ensure!(
+        before.get("venv/bin/python3").map(|e| e.1.as_str()) == Some("/usr/bin/python3"),
+        "{before:?}"
+    );
+    ensure!(before["pair-b"].3 == "pair-a", "{before:?}");
+
+    let mut archive = Vec::new();
+    api.export_compressed(a, true, Compression::Zstd, &mut archive)
+        .await?;
+    ensure!(
+        archive.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
+        "a zstd frame"
+    );
+    // GNU tar, the witness, sees the links as links.
+    let file = std::env::temp_dir().join(format!("dormouse-venv-{}.tar.zst", Uuid::new_v4()));
+    std::fs::write(&file, &archive)?;
+    let listing = host("tar", &["--zstd", "-tvf", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
+    for want in [
+        "venv/bin/python -> python3",
+        "venv/bin/python3 -> /usr/bin/python3",
+        "proj/node_modules/.bin/tool -> ../tool/bin/cli.js",
+        "proj/README -> docs/README.md",
+        "pair-b link to pair-a",
+    ] {
+        ensure!(listing.contains(want), "{want} not in:\n{listing}");
+    }
+
+    let b = api
+        .create_from_tar(
+            Some("venv-restored"),
+            None,
+            dormouse_client::Upload::bytes(archive).compressed_as(Compression::Zstd),
+        )
+        .await?;
+    api.wait_ready(&mut events, b.id, READY_TIMEOUT).await?;
+    let after = links_and_times(&broker.workspace(b.id));
+    ensure!(after == before, "before {before:?}\nafter {after:?}");
+    let guest_b = Guest::for_computer(b.id);
+    let prefix = guest_b
+        .sh_ok(
+            GuestUser::Desk,
+            "cd /home/desk/workspace && venv/bin/python -c 'import sys; print(sys.prefix)'",
+        )
+        .await?;
+    ensure!(prefix.trim() == "/home/desk/workspace/venv", "{prefix}");
+    let tool = guest_b
+        .sh_ok(
+            GuestUser::Desk,
+            "/home/desk/workspace/proj/node_modules/.bin/tool",
+        )
+        .await?;
+    ensure!(tool.trim() == "tool ran", "{tool}");
+    let inodes = guest_b
+        .sh_ok(
+            GuestUser::Desk,
+            "stat -c %i /home/desk/workspace/pair-a /home/desk/workspace/pair-b",
+        )
+        .await?;
+    let inodes: Vec<_> = inodes.lines().collect();
+    ensure!(inodes.len() == 2 && inodes[0] == inodes[1], "{inodes:?}");
+    Ok(())
 }

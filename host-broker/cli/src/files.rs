@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use dormouse_client::{Client, Fetched, Saved, Upload};
-use dormouse_protocol::workspace::EntryType;
+use dormouse_protocol::workspace::{Compression, EntryType};
 
 use super::escape::Safe;
 use super::{print_json, print_status, resolve, stdout, CliError};
@@ -53,6 +53,10 @@ pub enum FilesCommand {
         /// may then be inconsistent in the archive).
         #[arg(long)]
         no_quiesce: bool,
+        /// Compress the archive: gzip, zstd or none (default: what the
+        /// --output name says, `.tar.gz`/`.tgz` or `.tar.zst`; else none).
+        #[arg(long, value_name = "HOW", value_parser = parse_compression)]
+        compress: Option<Compression>,
     },
     /// Replace a stopped desktop's workspace with a tar read from stdin (or
     /// --input); with --new, create a desktop from it instead.
@@ -72,7 +76,16 @@ pub enum FilesCommand {
         /// With --new: its owner key.
         #[arg(long, requires = "new")]
         owner: Option<String>,
+        /// Compress a plain tar on its way to the broker: gzip or zstd. An
+        /// input named `.tar.gz`, `.tgz` or `.tar.zst` is sent as it is
+        /// (the broker reads gzip and zstd itself).
+        #[arg(long, value_name = "HOW", value_parser = parse_compression)]
+        compress: Option<Compression>,
     },
+}
+
+fn parse_compression(value: &str) -> Result<Compression, String> {
+    Compression::parse(value).ok_or_else(|| "gzip, zstd or none".to_owned())
 }
 
 /// Runs one workspace subcommand.
@@ -124,7 +137,7 @@ pub(crate) async fn run(
             }
             (None, Some((who, path))) => {
                 let id = resolve(client, who).await?;
-                let body = upload_from(if src == "-" {
+                let body = upload_plain(if src == "-" {
                     None
                 } else {
                     Some(src.clone().into())
@@ -212,15 +225,23 @@ pub(crate) async fn run(
             id,
             output,
             no_quiesce,
+            compress,
         } => {
             let id = resolve(client, &id).await?;
+            let by_name = output
+                .as_deref()
+                .map(|p| Compression::of_file_name(&p.to_string_lossy()))
+                .unwrap_or_default();
+            let compression = compress.unwrap_or(by_name);
             match output {
                 Some(file) => {
                     let mut f = std::fs::File::create(&file).map_err(|source| CliError::Io {
                         path: file.clone(),
                         source,
                     })?;
-                    let bytes = client.export(id, !no_quiesce, &mut f).await?;
+                    let bytes = client
+                        .export_compressed(id, !no_quiesce, compression, &mut f)
+                        .await?;
                     f.sync_all().map_err(|source| CliError::Io {
                         path: file.clone(),
                         source,
@@ -229,7 +250,7 @@ pub(crate) async fn run(
                     Ok(())
                 }
                 None => client
-                    .export(id, !no_quiesce, out)
+                    .export_compressed(id, !no_quiesce, compression, out)
                     .await
                     .map(drop)
                     .map_err(Into::into),
@@ -241,8 +262,9 @@ pub(crate) async fn run(
             new,
             name,
             owner,
+            compress,
         } => {
-            let tar = upload_from(input).await?;
+            let tar = upload_archive(input, compress).await?;
             if new {
                 let status = client
                     .create_from_tar(name.as_deref(), owner.as_deref(), tar)
@@ -316,15 +338,76 @@ impl Write for LazyFile {
     }
 }
 
-/// A local file, or stdin, streamed to the broker as it is read (never
-/// held whole in memory).
-async fn upload_from(file: Option<PathBuf>) -> Result<Upload, CliError> {
+/// An archive from a local file, or stdin, streamed to the broker as it is
+/// read (never held whole in memory); a file named as compressed is
+/// labelled so, and `compress` compresses a plain one on the way.
+async fn upload_archive(
+    file: Option<PathBuf>,
+    compress: Option<Compression>,
+) -> Result<Upload, CliError> {
+    let by_name = file
+        .as_deref()
+        .map(|p| Compression::of_file_name(&p.to_string_lossy()))
+        .unwrap_or_default();
+    let compress = compress.filter(|c| *c != Compression::None);
+    match (compress, by_name) {
+        (Some(asked), Compression::Gzip | Compression::Zstd) if asked != by_name => {
+            return Err(CliError::Usage(format!(
+                "the input is {} by its name; --compress is for a plain tar",
+                by_name.name()
+            )))
+        }
+        (Some(asked), Compression::None) => return compressing(file, asked),
+        _ => {}
+    }
+    Ok(upload_plain(file).await?.compressed_as(by_name))
+}
+
+/// A local file, or stdin, streamed to the broker as it is read.
+async fn upload_plain(file: Option<PathBuf>) -> Result<Upload, CliError> {
     match file {
         Some(path) => Upload::file(&path)
             .await
             .map_err(|source| CliError::Io { path, source }),
         None => Ok(Upload::reader(tokio::io::stdin())),
     }
+}
+
+/// An upload of `file` (or stdin) compressed as it is read, by a thread
+/// writing into a pipe whose other end is streamed.
+fn compressing(file: Option<PathBuf>, how: Compression) -> Result<Upload, CliError> {
+    let pipe_err = |source| CliError::Io {
+        path: PathBuf::from("<pipe>"),
+        source,
+    };
+    let (reader, writer) = nix::unistd::pipe().map_err(|e| pipe_err(e.into()))?;
+    let writer = std::fs::File::from(writer);
+    let mut source: Box<dyn std::io::Read + Send> = match &file {
+        Some(path) => Box::new(std::fs::File::open(path).map_err(|source| CliError::Io {
+            path: path.clone(),
+            source,
+        })?),
+        None => Box::new(std::io::stdin()),
+    };
+    std::thread::spawn(move || {
+        // An error drops the pipe early: the upload breaks off and the
+        // broker changes nothing.
+        let result = match how {
+            Compression::Zstd => zstd::stream::write::Encoder::new(writer, 3).and_then(|mut e| {
+                std::io::copy(&mut source, &mut e)?;
+                e.finish().map(drop)
+            }),
+            _ => {
+                let mut e = flate2::write::GzEncoder::new(writer, flate2::Compression::new(3));
+                std::io::copy(&mut source, &mut e).and_then(|_| e.finish().map(drop))
+            }
+        };
+        if let Err(e) = result {
+            eprintln!("dormouse: compressing the upload failed: {e}");
+        }
+    });
+    let reader = tokio::fs::File::from_std(std::fs::File::from(reader));
+    Ok(Upload::reader(reader).compressed_as(how))
 }
 
 #[cfg(test)]

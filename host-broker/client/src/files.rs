@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use dormouse_protocol::api::ComputerStatus;
 use dormouse_protocol::workspace::{
-    Deleted, DiskUsage, Imported, Listing, Written, TAR_CONTENT_TYPE, WORKSPACE_TAR_QUERY,
+    Compression, Deleted, DiskUsage, Imported, Listing, Written, COMPRESSION_QUERY,
+    TAR_CONTENT_TYPE, WORKSPACE_TAR_QUERY,
 };
 use reqwest::{Method, StatusCode};
 use uuid::Uuid;
@@ -35,6 +36,9 @@ pub struct Upload {
     /// Sent as `Content-Length` when known (a file's size), so a broker
     /// can refuse an oversized body before it is sent; otherwise chunked.
     len: Option<u64>,
+    /// How an archive in it is compressed, for its `Content-Type` (the
+    /// broker goes by the stream's first bytes in the end).
+    compression: Compression,
 }
 
 impl Upload {
@@ -45,6 +49,7 @@ impl Upload {
         Self {
             body: reqwest::Body::from(bytes),
             len,
+            compression: Compression::None,
         }
     }
 
@@ -55,7 +60,14 @@ impl Upload {
         Self {
             body: reqwest::Body::wrap_stream(chunks),
             len: None,
+            compression: Compression::None,
         }
+    }
+
+    /// Labels an archive upload as compressed this way.
+    pub fn compressed_as(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
     }
 
     /// A local file, streamed, with its size as the length.
@@ -230,14 +242,31 @@ impl Client {
         quiesce: bool,
         out: &mut (dyn Write + Send),
     ) -> Result<u64, Error> {
-        let route = computer(
-            id,
-            if quiesce {
-                "/workspace"
-            } else {
-                "/workspace?quiesce=false"
-            },
-        );
+        self.export_compressed(id, quiesce, Compression::None, out)
+            .await
+    }
+
+    /// [`Client::export`] of an archive compressed as `compression` says
+    /// (`?compression=gzip|zstd`): `out` receives a `.tar.gz` or `.tar.zst`.
+    pub async fn export_compressed(
+        &self,
+        id: Uuid,
+        quiesce: bool,
+        compression: Compression,
+        out: &mut (dyn Write + Send),
+    ) -> Result<u64, Error> {
+        let mut query = Vec::new();
+        if !quiesce {
+            query.push("quiesce=false".to_owned());
+        }
+        if compression != Compression::None {
+            query.push(format!("{COMPRESSION_QUERY}={}", compression.name()));
+        }
+        let route = if query.is_empty() {
+            computer(id, "/workspace")
+        } else {
+            computer(id, &format!("/workspace?{}", query.join("&")))
+        };
         let method = Method::GET;
         let mut response = self.get_streamed(&route).await?;
         let status = response.status();
@@ -297,6 +326,10 @@ impl Client {
         content_type: &str,
         body: Upload,
     ) -> Result<T, Error> {
+        let content_type = match body.compression {
+            Compression::None => content_type,
+            other => other.content_type(),
+        };
         let mut request = self
             .request(method.clone(), route)
             .timeout(STREAM_TIMEOUT)

@@ -20,7 +20,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dormouse_protocol::api::CreateComputer;
-use dormouse_protocol::workspace::{TAR_CONTENT_TYPE, WORKSPACE_TAR_QUERY};
+use dormouse_protocol::workspace::{Compression, COMPRESSION_QUERY, WORKSPACE_TAR_QUERY};
 use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -33,8 +33,8 @@ use crate::error::BrokerError;
 use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use crate::workspace::stream::{Chunk, DEFAULT_CHUNK};
 use crate::workspace::{
-    create_from_tar, delete, export_tar, open, write_file, ChannelReader, ChannelWriter, Opened,
-    WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    create_from_tar, delete, export_archive, open, write_file, ChannelReader, ChannelWriter,
+    Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 
 /// Chunks in flight between a blocking end and an HTTP body.
@@ -156,18 +156,31 @@ pub async fn disk(State(state): State<ApiState>, ComputerId(id): ComputerId) -> 
 
 // ---------------------------------------------------------------- archive
 
-/// `GET /v1/computers/{id}/workspace[?quiesce=false]`: a tar of the
-/// workspace, streamed; a running desktop's browsers are quiesced first.
+/// `GET /v1/computers/{id}/workspace[?quiesce=false][&compression=gzip|zstd]`:
+/// a tar of the workspace, streamed; a running desktop's browsers are
+/// quiesced first. `compression` makes the body a `.tar.gz` or `.tar.zst`
+/// file; without it, an `Accept-Encoding` naming zstd or gzip compresses
+/// the transfer (`Content-Encoding`) of what stays a tar.
 pub async fn export(State(state): State<ApiState>, request: Request) -> Response {
     answer(async move {
         let id = computer_of(&request)?;
         let mut quiesce = true;
+        let mut asked = None;
         for (key, value) in query_pairs(request.uri().query())? {
             match key.as_str() {
                 "quiesce" => quiesce = flag("quiesce", &value)?,
+                COMPRESSION_QUERY => {
+                    asked = Some(Compression::parse(&value).ok_or_else(|| {
+                        HttpError::bad_request("compression must be gzip, zstd or none")
+                    })?);
+                }
                 other => return Err(unknown_query(other)),
             }
         }
+        let (compression, as_encoding) = match asked {
+            Some(c) => (c, false),
+            None => (accepted_encoding(&request), true),
+        };
         let mut grant = state
             .broker
             .workspace(id, WorkspaceAccess::Export { quiesce })
@@ -179,13 +192,13 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
         let quiesced = grant.quiesced;
         let hold = grant.hold.take();
         let body = stream_from(move |w| {
-            let result = export_tar(&root, w);
+            let result = export_archive(&root, w, compression);
             // The archive is read (or given up: a client that went away
             // fails the next write): the guest may reopen the browsers.
             drop(hold);
             match result {
                 Ok(summary) => {
-                    tracing::info!(computer = %id, quiesced, ?summary, "workspace exported");
+                    tracing::info!(computer = %id, quiesced, compression = compression.name(), ?summary, "workspace exported");
                     Ok(())
                 }
                 Err(e) => {
@@ -194,20 +207,115 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
                 }
             }
         });
-        Ok((
+        let mut response = (
             [
-                (header::CONTENT_TYPE, TAR_CONTENT_TYPE),
+                (header::CONTENT_TYPE, compression.content_type()),
                 (header::CACHE_CONTROL, "no-store"),
+                (header::VARY, "accept-encoding"),
             ],
             body,
         )
-            .into_response())
+            .into_response();
+        if as_encoding {
+            let tar = Compression::None.content_type();
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(tar));
+            if let Some(encoding) = compression.content_encoding() {
+                response.headers_mut().insert(
+                    header::CONTENT_ENCODING,
+                    header::HeaderValue::from_static(encoding),
+                );
+            }
+        }
+        Ok(response)
     })
     .await
 }
 
+/// The compression an `Accept-Encoding` asks for: zstd before gzip, none
+/// when neither is named with a weight above zero.
+fn accepted_encoding(request: &Request) -> Compression {
+    let Some(value) = request
+        .headers()
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Compression::None;
+    };
+    let accepted: Vec<Compression> = value
+        .split(',')
+        .filter_map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next()?.trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            if refused || name == "identity" {
+                return None;
+            }
+            Compression::parse(name).filter(|c| *c != Compression::None)
+        })
+        .collect();
+    [Compression::Zstd, Compression::Gzip]
+        .into_iter()
+        .find(|c| accepted.contains(c))
+        .unwrap_or(Compression::None)
+}
+
+/// Refuses, before reading it, an upload whose `Content-Encoding` or
+/// `Content-Type` names a format the import cannot read. What the import
+/// reads is then decided by the stream's own first bytes.
+fn check_upload_format(request: &Request) -> Result<(), HttpError> {
+    let unsupported = |message: &str| {
+        HttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        )
+    };
+    let text = |name| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_ascii_lowercase())
+    };
+    if let Some(encoding) = text(header::CONTENT_ENCODING) {
+        for item in encoding.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if Compression::parse(item).is_none() {
+                return Err(unsupported(&format!(
+                    "content encoding {:?} is not supported (only gzip and zstd are)",
+                    item.chars().take(32).collect::<String>()
+                )));
+            }
+        }
+    }
+    if let Some(kind) = text(header::CONTENT_TYPE) {
+        let kind = kind.split(';').next().unwrap_or("").trim().to_owned();
+        match kind.as_str() {
+            "application/zip" | "application/x-zip-compressed" => {
+                return Err(unsupported("this is a zip archive, not a tar"))
+            }
+            "application/x-xz" => {
+                return Err(unsupported("xz is not supported (only gzip and zstd are)"))
+            }
+            "application/x-bzip2" => {
+                return Err(unsupported(
+                    "bzip2 is not supported (only gzip and zstd are)",
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// `PUT /v1/computers/{id}/workspace`: replaces a stopped desktop's
-/// workspace from the tar in the body, atomically.
+/// workspace from the tar in the body (plain, gzip or zstd), atomically.
 pub async fn import(
     State(state): State<ApiState>,
     Generation(fence): Generation,
@@ -218,6 +326,7 @@ pub async fn import(
         if let Some(pair) = query_pairs(request.uri().query())?.first() {
             return Err(unknown_query(&pair.0));
         }
+        check_upload_format(&request)?;
         per_frame(&request);
         let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
         let ask = state.broker.import(id, fence, ChannelReader::new(rx));
@@ -253,6 +362,7 @@ pub async fn create(State(state): State<ApiState>, request: Request) -> Response
             let body = JsonBody::<CreateComputer>::from_request(request, &state).await?;
             return Ok(computers::create(State(state), body).await?.into_response());
         }
+        check_upload_format(&request)?;
         per_frame(&request);
         let slot = state.broker.import_slot(req.clone()).await?;
         let staged = stage_slot(&slot, request.into_body()).await;
@@ -550,6 +660,45 @@ mod tests {
         );
         assert_eq!(percent_decode(b"%zz"), None);
         assert_eq!(percent_decode(b"%4"), None);
+    }
+
+    #[test]
+    fn accept_encoding_prefers_zstd_and_honours_zero_weights() {
+        let with = |v: &str| {
+            let r = Request::builder()
+                .header(header::ACCEPT_ENCODING, v)
+                .body(Body::empty())
+                .unwrap();
+            accepted_encoding(&r)
+        };
+        assert_eq!(with("gzip, deflate, br, zstd"), Compression::Zstd);
+        assert_eq!(with("gzip"), Compression::Gzip);
+        assert_eq!(with("zstd;q=0, gzip;q=0.5"), Compression::Gzip);
+        assert_eq!(with("br, identity"), Compression::None);
+    }
+
+    #[test]
+    fn uploads_in_formats_the_import_cannot_read_are_refused_first() {
+        let with = |name, v: &str| {
+            let r = Request::builder()
+                .header(name, v)
+                .body(Body::empty())
+                .unwrap();
+            check_upload_format(&r).map_err(|e| e.message().to_owned())
+        };
+        assert!(with(header::CONTENT_ENCODING, "gzip").is_ok());
+        assert!(with(header::CONTENT_ENCODING, "zstd").is_ok());
+        assert!(with(header::CONTENT_TYPE, "application/gzip").is_ok());
+        assert!(with(header::CONTENT_ENCODING, "br")
+            .unwrap_err()
+            .contains("not supported"));
+        assert_eq!(
+            with(header::CONTENT_TYPE, "application/zip").unwrap_err(),
+            "this is a zip archive, not a tar"
+        );
+        assert!(with(header::CONTENT_TYPE, "application/x-xz")
+            .unwrap_err()
+            .starts_with("xz is not supported"));
     }
 
     #[test]

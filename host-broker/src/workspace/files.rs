@@ -17,11 +17,13 @@ use std::io::{self, Read, Write as _};
 use std::os::fd::{AsFd, OwnedFd};
 
 use chrono::{DateTime, Utc};
+pub use dormouse_protocol::workspace::{
+    Deleted as DeleteOutcome, DirEntry, EntryType, Listing, Written as WriteOutcome,
+};
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::{fchmod, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
-use serde::Serialize;
 
 use super::path::{kind_of, resolve_error, PathError, WorkspacePath, WorkspaceRoot};
 use super::tree::{self, chown_fd, lstat_at, open_child_dir, open_regular, read_names};
@@ -56,55 +58,17 @@ impl Default for FilesConfig {
 }
 
 /// What an entry is, seen without following it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EntryType {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symlink (listed, never followed).
-    Symlink,
-    /// A fifo, socket or device.
-    Other,
-}
-
-impl EntryType {
-    pub(crate) fn of(st: &FileStat) -> Self {
-        let k = kind_of(st.st_mode);
-        if k == SFlag::S_IFREG {
-            Self::File
-        } else if k == SFlag::S_IFDIR {
-            Self::Dir
-        } else if k == SFlag::S_IFLNK {
-            Self::Symlink
-        } else {
-            Self::Other
-        }
+pub(crate) fn entry_type(st: &FileStat) -> EntryType {
+    let k = kind_of(st.st_mode);
+    if k == SFlag::S_IFREG {
+        EntryType::File
+    } else if k == SFlag::S_IFDIR {
+        EntryType::Dir
+    } else if k == SFlag::S_IFLNK {
+        EntryType::Symlink
+    } else {
+        EntryType::Other
     }
-}
-
-/// One entry of a listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DirEntry {
-    /// The name (invalid UTF-8 replaced).
-    pub name: String,
-    /// What it is.
-    #[serde(rename = "type")]
-    pub kind: EntryType,
-    /// `st_size`: bytes of a file, of a link's target text, of a directory.
-    pub size: u64,
-    /// Last modification, RFC 3339 in UTC.
-    pub mtime: DateTime<Utc>,
-}
-
-/// A directory listing, sorted by name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Listing {
-    /// The entries (at most [`FilesConfig::max_list_entries`]).
-    pub entries: Vec<DirEntry>,
-    /// Whether the directory had more entries than listed.
-    pub truncated: bool,
 }
 
 /// An open regular file to stream.
@@ -146,22 +110,6 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
 }
 
-/// What a write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct WriteOutcome {
-    /// Bytes written.
-    pub bytes: u64,
-    /// Whether the file did not exist before.
-    pub created: bool,
-}
-
-/// What a delete removed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct DeleteOutcome {
-    /// Entries removed (the entry itself included).
-    pub removed: u64,
-}
-
 /// Opens `rel`: a regular file to stream, or a directory's listing. A
 /// symlink, fifo, socket or device is refused.
 pub fn open(
@@ -178,7 +126,7 @@ pub fn open(
         .ok_or_else(|| WorkspaceError::NotFound {
             path: rel.to_string(),
         })?;
-    match EntryType::of(&st) {
+    match entry_type(&st) {
         EntryType::Dir => {
             let dir = open_child_dir(parent.as_fd(), name).map_err(|e| io_to_resolve(e, rel))?;
             list_fd(dir, cfg)
@@ -258,7 +206,7 @@ fn list_fd(dir: OwnedFd, cfg: &FilesConfig) -> io::Result<Listing> {
         };
         entries.push(DirEntry {
             name: name.to_string_lossy().into_owned(),
-            kind: EntryType::of(&st),
+            kind: entry_type(&st),
             size: u64::try_from(st.st_size).unwrap_or(0),
             mtime: mtime_of(&st),
         });
@@ -288,7 +236,7 @@ pub fn write_file(
         lstat_at(parent.as_fd(), name).map_err(|e| WorkspaceError::io("stat", rel, e))?;
     let mode = match &existing {
         None => sane_file_mode(opts.mode.unwrap_or(0o644)),
-        Some(st) => match EntryType::of(st) {
+        Some(st) => match entry_type(st) {
             EntryType::File => st.st_mode & 0o777,
             EntryType::Dir => {
                 return Err(WorkspaceError::IsADirectory {
@@ -435,7 +383,7 @@ pub fn delete(
         .ok_or_else(|| WorkspaceError::NotFound {
             path: rel.to_string(),
         })?;
-    let removed = if EntryType::of(&st) != EntryType::Dir {
+    let removed = if entry_type(&st) != EntryType::Dir {
         unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir)
             .map_err(|e| resolve_error(e, rel, "delete"))?;
         1

@@ -21,7 +21,8 @@
 //! - [`path`]: workspace-relative paths and their resolution;
 //! - [`files`]: read, list, atomic write, delete;
 //! - [`disk`]: disk usage measured on request, bounded in time;
-//! - [`archive`]: export as tar, import (staged, then swapped), recovery;
+//! - [`archive`]: export as tar (plain, gzip, zstd), import (staged, then
+//!   swapped), recovery;
 //! - [`stream`]: blocking `Read`/`Write` ends of a tokio channel, to pipe an
 //!   export into an HTTP body or an HTTP body into an import.
 
@@ -36,8 +37,8 @@ use std::fmt;
 use std::io;
 
 pub use archive::{
-    create_from_tar, export_tar, recover, replace_from_tar, ExportSummary, ImportLimits,
-    ImportSummary, Recovery, Refusal,
+    create_from_tar, export_archive, export_tar, recover, replace_from_tar, Compression,
+    ExportSummary, ImportLimits, ImportSummary, Recovery, Refusal,
 };
 pub use disk::{disk_usage, DiskUsage, DEFAULT_DISK_DEADLINE};
 pub use files::{

@@ -2,8 +2,9 @@
 //! in the same run, interleaved: through the broker's API
 //! (`POST /v1/computers/{id}/exec`), through the guest socket directly (the
 //! supervisor's `exec` request, no broker), and `docker exec <c> true`.
-//! Then the workspace's export and import throughput through the API (with
-//! `dormouse-client`, the import streamed from a file) beside GNU tar on the
+//! Then the workspace's export and import throughput through the API, plain
+//! and gzip (with `dormouse-client`, the import streamed from a file)
+//! beside GNU tar (`-c`/`-x`, and `-z` for gzip) on the
 //! same tree and archive in the same run: a workspace of a few large files
 //! and many small ones (`--workspace-mib`, 200 by default), written into the
 //! host's workspace directory while the desktop is stopped.
@@ -27,6 +28,7 @@ use dormouse_e2e::latency::{ms, Samples};
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::exec::ExecRequest;
 use dormouse_protocol::frame::{self, Frame, FrameHeader, HEADER_LEN};
+use dormouse_protocol::workspace::Compression;
 use dormouse_protocol::{Request, Response};
 use tokio::time::Instant;
 
@@ -267,9 +269,75 @@ fn mib_per_s(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / MIB as f64 / took.as_secs_f64()
 }
 
-/// Export and import of a `mib` MiB workspace through the API, each round
-/// beside `tar -c` of the same directory and `tar -x` of the same archive
-/// into a fresh directory on the same filesystem.
+/// One compression's samples: the API's export and import, and GNU tar's
+/// `-c` and `-x` of the same tree and archive.
+struct Rows {
+    compression: Compression,
+    archive: std::path::PathBuf,
+    export: Samples,
+    tar_c: Samples,
+    import: Samples,
+    tar_x: Samples,
+}
+
+/// What GNU tar is told for a compression.
+fn tar_flag(c: Compression) -> &'static str {
+    match c {
+        Compression::None => "",
+        Compression::Gzip => "-z",
+        Compression::Zstd => "--zstd",
+    }
+}
+
+/// One round of one compression: export, `tar -c`, import, `tar -x`.
+async fn round(
+    api: &dormouse_e2e::client::ApiClient,
+    id: uuid::Uuid,
+    ws: &std::path::Path,
+    untar: &std::path::Path,
+    bytes: u64,
+    rows: &mut Rows,
+) -> Result<()> {
+    let (ws_q, archive_q, untar_q) = (
+        shell_quote(ws),
+        shell_quote(&rows.archive),
+        shell_quote(untar),
+    );
+    let flag = tar_flag(rows.compression);
+    let t = Instant::now();
+    let mut sink = Count(0);
+    api.export_compressed(id, true, rows.compression, &mut sink)
+        .await?;
+    rows.export.push(t.elapsed());
+    ensure!(sink.0 > 0, "an empty export");
+    // GNU tar skips reading the files when it writes to /dev/null
+    // itself: the archive goes through a pipe.
+    rows.tar_c
+        .push(timed_sh(&format!("tar -C {ws_q} {flag} -cf - . | cat > /dev/null")).await?);
+    let t = Instant::now();
+    let upload = dormouse_client::Upload::file(&rows.archive)
+        .await?
+        .compressed_as(rows.compression);
+    let summary = api.import(id, upload).await?;
+    rows.import.push(t.elapsed());
+    ensure!(
+        summary.bytes == bytes,
+        "imported {summary:?}, wrote {bytes} bytes"
+    );
+    rows.tar_x.push(
+        timed_sh(&format!(
+            "rm -rf {untar_q} && mkdir {untar_q} && tar -C {untar_q} {flag} -xf {archive_q}"
+        ))
+        .await?,
+    );
+    timed_sh(&format!("rm -rf {untar_q}")).await?;
+    Ok(())
+}
+
+/// Export and import of a `mib` MiB workspace through the API, plain and
+/// gzip, each round beside `tar -c` of the same directory and `tar -x` of
+/// the same archive into a fresh directory on the same filesystem. Rates
+/// are of the uncompressed archive's size, so the rows compare.
 async fn workspace_throughput(
     broker: &BrokerProcess,
     api: &dormouse_e2e::client::ApiClient,
@@ -282,49 +350,36 @@ async fn workspace_throughput(
         let ws = ws.clone();
         tokio::task::spawn_blocking(move || populate(&ws, mib)).await??
     };
-    let archive = broker.data_dir().join("bench-workspace.tar");
-    let mut file = std::fs::File::create(&archive)?;
-    let tar_bytes = api.export(id, true, &mut file).await?;
-    file.sync_all()?;
-    drop(file);
-    let untar = broker.data_dir().join("bench-untar");
-    let (ws_q, archive_q, untar_q) = (shell_quote(&ws), shell_quote(&archive), shell_quote(&untar));
-    let (mut export, mut import, mut tar_c, mut tar_x) = (
-        Samples::new(),
-        Samples::new(),
-        Samples::new(),
-        Samples::new(),
-    );
-    for _ in 0..rounds {
-        let t = Instant::now();
-        let mut sink = Count(0);
-        api.export(id, true, &mut sink).await?;
-        export.push(t.elapsed());
-        ensure!(
-            sink.0 == tar_bytes,
-            "export of {} bytes, first one {tar_bytes}",
-            sink.0
-        );
-        // GNU tar skips reading the files when it writes to /dev/null
-        // itself: the archive goes through a pipe.
-        tar_c.push(timed_sh(&format!("tar -C {ws_q} -cf - . | cat > /dev/null")).await?);
-        let t = Instant::now();
-        let upload = dormouse_client::Upload::file(&archive).await?;
-        let summary = api.import(id, upload).await?;
-        import.push(t.elapsed());
-        ensure!(
-            summary.bytes == bytes,
-            "imported {summary:?}, wrote {bytes} bytes"
-        );
-        tar_x.push(
-            timed_sh(&format!(
-                "rm -rf {untar_q} && mkdir {untar_q} && tar -C {untar_q} -xf {archive_q}"
-            ))
-            .await?,
-        );
-        timed_sh(&format!("rm -rf {untar_q}")).await?;
+    let mut all = Vec::new();
+    let mut tar_bytes = 0;
+    for (compression, name) in [
+        (Compression::None, "bench-workspace.tar"),
+        (Compression::Gzip, "bench-workspace.tar.gz"),
+    ] {
+        let archive = broker.data_dir().join(name);
+        let mut file = std::fs::File::create(&archive)?;
+        let n = api
+            .export_compressed(id, true, compression, &mut file)
+            .await?;
+        file.sync_all()?;
+        if compression == Compression::None {
+            tar_bytes = n;
+        }
+        all.push(Rows {
+            compression,
+            archive,
+            export: Samples::new(),
+            tar_c: Samples::new(),
+            import: Samples::new(),
+            tar_x: Samples::new(),
+        });
     }
-    std::fs::remove_file(&archive)?;
+    let untar = broker.data_dir().join("bench-untar");
+    for _ in 0..rounds {
+        for rows in &mut all {
+            round(api, id, &ws, &untar, bytes, rows).await?;
+        }
+    }
     let peak = broker.pid().and_then(peak_rss_kib);
     println!();
     println!(
@@ -332,24 +387,41 @@ async fn workspace_throughput(
         bytes / MIB,
         tar_bytes / MIB
     );
-    println!("{:<44} {:>12} {:>12}", "", "MiB/s (p50)", "best");
+    println!("{:<52} {:>12} {:>12}", "", "MiB/s (p50)", "best");
     let rate = |s: &Samples, which: fn(&Samples) -> Option<Duration>| {
         which(s).map_or_else(
             || "-".to_owned(),
             |d| format!("{:.0}", mib_per_s(tar_bytes, d)),
         )
     };
-    for (name, s) in [
-        ("export: GET …/workspace (client, stopped)", &export),
-        ("  baseline: tar -c | cat > /dev/null", &tar_c),
-        ("import: PUT …/workspace (client, from file)", &import),
-        ("  baseline: tar -x into a fresh directory", &tar_x),
-    ] {
-        println!(
-            "{name:<44} {:>12} {:>12}",
-            rate(s, Samples::p50),
-            rate(s, Samples::min)
-        );
+    for rows in &all {
+        let c = rows.compression.name();
+        let flag = tar_flag(rows.compression);
+        for (name, s) in [
+            (
+                format!("export ({c}): GET …/workspace (client, stopped)"),
+                &rows.export,
+            ),
+            (
+                format!("  baseline: tar {flag} -c | cat > /dev/null"),
+                &rows.tar_c,
+            ),
+            (
+                format!("import ({c}): PUT …/workspace (client, file)"),
+                &rows.import,
+            ),
+            (
+                format!("  baseline: tar {flag} -x into a fresh directory"),
+                &rows.tar_x,
+            ),
+        ] {
+            println!(
+                "{name:<52} {:>12} {:>12}",
+                rate(s, Samples::p50),
+                rate(s, Samples::min)
+            );
+        }
+        std::fs::remove_file(&rows.archive)?;
     }
     // Streaming both ways, the broker never holds an archive: its peak RSS
     // stays far below the archive's size.
