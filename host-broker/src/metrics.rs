@@ -143,11 +143,17 @@ mod tests {
     #[test]
     fn divergences_are_counted() {
         let m = Metrics::default();
-        assert!(m.render(&[]).contains("dormouse_state_divergence_total 0\n"));
+        assert!(m
+            .render(&[])
+            .contains("dormouse_state_divergence_total 0\n"));
         m.divergence();
         m.divergence();
-        assert!(m.render(&[]).contains("dormouse_state_divergence_total 2\n"));
+        assert!(m
+            .render(&[])
+            .contains("dormouse_state_divergence_total 2\n"));
         m.events_verified(true);
-        assert!(m.render(&[]).contains("dormouse_engine_events_verified 1\n"));
+        assert!(m
+            .render(&[])
+            .contains("dormouse_engine_events_verified 1\n"));
     }
 }

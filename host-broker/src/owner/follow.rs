@@ -107,8 +107,9 @@ pub const WITNESS_SCHEDULE: [Duration; 8] = [
     Duration::from_secs(8),
 ];
 
-/// How long after the witness found a desktop down the engine's own event
-/// may still arrive before its absence counts as a divergence.
+/// How long after the guest channel dropped the engine's own event about
+/// the desktop may still arrive before its absence counts as a divergence
+/// (once the engine says the desktop is down).
 pub const EVENT_GRACE: Duration = Duration::from_secs(2);
 
 /// One computer being witnessed after its guest channel dropped.
@@ -120,8 +121,6 @@ pub struct Witness {
     step: usize,
     /// When the owner looks again.
     next_at: Instant,
-    /// When the engine was first seen to say the desktop is down.
-    down_since: Option<Instant>,
 }
 
 impl Witness {
@@ -240,7 +239,6 @@ impl Owner {
                 armed: now,
                 step: 1,
                 next_at: now + WITNESS_SCHEDULE[1],
-                down_since: None,
             },
         );
         self.refresh(id);
@@ -267,15 +265,15 @@ impl Owner {
             let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
             if known && !c.engine.is_up() {
                 let told = self.last_change.get(&id).is_some_and(|t| *t >= w.armed);
-                let since = *w.down_since.get_or_insert(now);
+                let grace_ends = w.armed + EVENT_GRACE;
                 if told {
                     self.witnesses.remove(&id);
-                } else if now >= since + EVENT_GRACE {
+                } else if now >= grace_ends {
                     self.witnesses.remove(&id);
                     self.metrics.divergence();
                     tracing::warn!(computer = %id, "the desktop stopped and the engine's events did not say so; learnt through the guest channel");
                 } else {
-                    w.next_at = since + EVENT_GRACE;
+                    w.next_at = grace_ends;
                 }
                 continue;
             }
