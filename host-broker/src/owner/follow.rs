@@ -121,6 +121,8 @@ pub struct Witness {
     step: usize,
     /// When the owner looks again.
     next_at: Instant,
+    /// The engine was seen to say the desktop is down.
+    down: bool,
 }
 
 impl Witness {
@@ -239,6 +241,7 @@ impl Owner {
                 armed: now,
                 step: 1,
                 next_at: now + WITNESS_SCHEDULE[1],
+                down: false,
             },
         );
         self.refresh(id);
@@ -258,12 +261,15 @@ impl Owner {
                 self.witnesses.remove(&id);
                 continue;
             };
-            if c.op.is_some() {
+            let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+            // Once seen down, a start that follows does not undo what the
+            // events failed to say; before that an operation takes over.
+            w.down |= c.op.is_none() && known && !c.engine.is_up();
+            if !w.down && c.op.is_some() {
                 self.witnesses.remove(&id);
                 continue;
             }
-            let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
-            if known && !c.engine.is_up() {
+            if w.down {
                 let told = self.last_change.get(&id).is_some_and(|t| *t >= w.armed);
                 let grace_ends = w.armed + EVENT_GRACE;
                 if told {
