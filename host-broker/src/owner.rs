@@ -273,7 +273,7 @@ struct Owner {
     /// Computers whose guest channel dropped (or said it stops): the engine
     /// is asked on a short schedule what became of them ([`follow`]).
     witnesses: BTreeMap<Uuid, follow::Witness>,
-    /// When an engine change about each computer last arrived, to tell a
+    /// When the engine last said each computer's run ended, to tell a
     /// correction the events missed from one they merely raced.
     last_change: HashMap<Uuid, Instant>,
     /// When every desktop believed running is next observed afresh.

@@ -236,6 +236,8 @@ pub struct Change {
     pub listed: Listed,
     /// It no longer exists.
     pub gone: bool,
+    /// Its run ended (or it is gone): what a kill or a stop looks like.
+    pub ended: bool,
 }
 
 /// What a check of the backend's change stream found ([`Backend::probe_changes`]).

@@ -247,6 +247,16 @@ impl Owner {
         self.refresh(id);
     }
 
+    /// After an observation of `id` was applied: whether its witness has now
+    /// seen the desktop down (kept, whatever happens to it next).
+    pub(super) fn witnessed(&mut self, id: Uuid) {
+        let (Some(c), Some(w)) = (self.computers.get(&id), self.witnesses.get_mut(&id)) else {
+            return;
+        };
+        let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+        w.down |= c.op.is_none() && known && !c.engine.is_up();
+    }
+
     /// The witnesses' next looks: ask again, or end once the engine says the
     /// desktop is down (counting a divergence when no engine event said so).
     pub(super) fn witness_tick(&mut self, now: Instant) {

@@ -248,6 +248,7 @@ impl Owner {
         let mut again = std::mem::take(&mut c.refresh.again);
         if epoch == c.refresh.epoch {
             self.apply_view(id, view, image_present);
+            self.witnessed(id);
             self.after_resync(id);
         } else {
             // Older than an operation's own view: ask again instead.
@@ -328,7 +329,9 @@ impl Owner {
     pub(super) fn on_change(&mut self, change: Change) {
         match change.computer {
             Some(id) if self.computers.contains_key(&id) => {
-                self.last_change.insert(id, Instant::now());
+                if change.ended {
+                    self.last_change.insert(id, Instant::now());
+                }
                 self.refresh(id);
             }
             _ => {

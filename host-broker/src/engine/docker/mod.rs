@@ -253,6 +253,7 @@ impl Backend for DockerBackend {
 
     fn changes(&self) -> BoxStream<'static, Result<Change, EngineError>> {
         let removed = self.config.dialect.removed_action();
+        let ended = self.config.dialect.ended_actions();
         let ours = spec::our_labels(&self.config);
         // The engine is asked for container events only, a filter every
         // engine honours; whose they are is judged here, on the labels each
@@ -276,9 +277,11 @@ impl Backend for DockerBackend {
                         .and_then(|v| Uuid::parse_str(v).ok())
                         .or_else(|| spec::computer_of_name(&e.name));
                     tracing::debug!(action = %e.action, container = %e.name, "engine event");
+                    let gone = e.action == removed;
                     Change {
                         computer,
-                        gone: e.action == removed,
+                        gone,
+                        ended: gone || ended.contains(&e.action.as_str()),
                         listed: listed(e.name, &e.labels, e.action),
                     }
                 })

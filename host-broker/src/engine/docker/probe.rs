@@ -106,10 +106,9 @@ pub async fn run(engine: Arc<dyn Engine>, paths: &Paths, image: &str) -> ChangeP
             let Ok(event) = event else {
                 return;
             };
-            if event.name == watch_name && spec::carries_labels(&event.labels, &wanted) {
-                if seen_tx.send(event.action).await.is_err() {
-                    return;
-                }
+            let ours = event.name == watch_name && spec::carries_labels(&event.labels, &wanted);
+            if ours && seen_tx.send(event.action).await.is_err() {
+                return;
             }
         }
     });
