@@ -161,6 +161,60 @@ async fn remove_leftovers(engine: &dyn Engine, data_dir: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::fake::FakeEngine;
+
+    const IMAGE: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000002";
+
+    /// A fake whose containers end as soon as they start, as `true` does.
+    fn exiting_engine() -> Arc<FakeEngine> {
+        let fake = Arc::new(FakeEngine::new());
+        fake.add_image(IMAGE, Some("dormouse/desktop:latest"), &[]);
+        let weak = Arc::downgrade(&fake);
+        fake.on_start(move |info| {
+            let name = info.name.clone();
+            let weak = weak.clone();
+            tokio::spawn(async move {
+                if let Some(fake) = weak.upgrade() {
+                    fake.foreign_stop(&name);
+                }
+            });
+        });
+        fake
+    }
+
+    #[tokio::test]
+    async fn the_probe_sees_its_end_and_leaves_nothing_behind() {
+        let fake = exiting_engine();
+        let paths = Paths::new("/data");
+        let found = run(fake.clone(), &paths, "dormouse/desktop:latest").await;
+        assert!(matches!(found, ChangeProbe::Delivered(_)), "{found:?}");
+        let mutations = fake.mutations();
+        assert_eq!(mutations.len(), 3, "{mutations:?}");
+        assert!(mutations[0].starts_with("create dormouse-probe-"));
+        assert!(mutations[1].starts_with("start dormouse-probe-"));
+        assert!(mutations[2].starts_with("remove dormouse-probe-"));
+        assert!(fake.list(&[]).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_says_nothing_is_reported_silent() {
+        // The probe never ends (nothing stops it): nothing can arrive.
+        let fake = Arc::new(FakeEngine::new());
+        fake.add_image(IMAGE, Some("dormouse/desktop:latest"), &[]);
+        let found = run(fake.clone(), &Paths::new("/data"), IMAGE).await;
+        assert_eq!(found, ChangeProbe::Silent(PROBE_WAIT));
+        assert!(
+            fake.list(&[]).await.unwrap().is_empty(),
+            "removed all the same"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_image_is_not_checked() {
+        let fake = Arc::new(FakeEngine::new());
+        let found = run(fake, &Paths::new("/data"), "nothing:here").await;
+        assert!(matches!(found, ChangeProbe::NotChecked(_)), "{found:?}");
+    }
 
     #[test]
     fn a_probe_is_nothing_like_a_desktop() {
