@@ -8,7 +8,8 @@
 //! - SIGKILL of the container's init from the host;
 //! - a kill while the engine's event stream is cut (a proxy between broker
 //!   and engine swallows it; the engine itself is untouched);
-//! - on Podman, a kill after the API service was restarted.
+//! - on Podman, a kill after the API service was restarted, and one while
+//!   it was down (seen within a second of its answering again).
 //!
 //! The engine (`docker inspect`) is the independent witness of each kill.
 //! Runs on whichever engine `DOCKER_HOST` names; each test has its own
@@ -253,6 +254,22 @@ async fn podman_restart_scenario(
         killed_at,
     )
     .await?;
+
+    // Killed while the service is down: no stream, no inspect can tell it
+    // then; the broker must know within a second of the service answering.
+    service.stop();
+    engine::podman_kill(&name).await?;
+    service.start_again()?;
+    service.wait_answers().await?;
+    let back_at = Instant::now();
+    seen_and_resumed(
+        &api,
+        &mut events,
+        id,
+        "podman kill while the service was down",
+        back_at,
+    )
+    .await?;
     Ok(())
 }
 
@@ -314,10 +331,14 @@ impl PodmanService {
         }
     }
 
+    fn start_again(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.socket);
+        self.spawn()
+    }
+
     async fn restart(&mut self) -> Result<()> {
         self.stop();
-        let _ = std::fs::remove_file(&self.socket);
-        self.spawn()?;
+        self.start_again()?;
         self.wait_answers().await
     }
 }

@@ -107,6 +107,12 @@ pub const WITNESS_SCHEDULE: [Duration; 8] = [
     Duration::from_secs(8),
 ];
 
+/// While the engine cannot be asked, the witness asks this often…
+pub const WITNESS_UNREACHABLE_EVERY: Duration = Duration::from_millis(250);
+/// …for at most this long after the guest channel dropped (then the
+/// reconnect to the engine and the resync take over).
+pub const WITNESS_UNREACHABLE_FOR: Duration = Duration::from_secs(120);
+
 /// How long after the guest channel dropped the engine's own event about
 /// the desktop may still arrive before its absence counts as a divergence
 /// (once the engine says the desktop is down).
@@ -291,6 +297,13 @@ impl Owner {
                 } else {
                     w.next_at = grace_ends;
                 }
+                continue;
+            }
+            // An engine that cannot answer (restarting) is asked briskly
+            // until it can: its first answer is the one that matters.
+            if !known && now < w.armed + WITNESS_UNREACHABLE_FOR {
+                w.next_at = now + WITNESS_UNREACHABLE_EVERY;
+                self.refresh(id);
                 continue;
             }
             match WITNESS_SCHEDULE.get(w.step) {

@@ -49,6 +49,30 @@ async fn a_kill_no_event_reports_is_seen_through_the_guest_within_a_second() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_kill_while_the_engine_is_away_is_seen_as_soon_as_it_answers() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.fake.set_unavailable(true);
+    rig.fake.silent_kill(&Rig::name(id));
+    advance(Duration::from_secs(5)).await;
+    settle().await;
+    let s = rig.handle.get(id).await.unwrap();
+    assert_eq!(s.container, ContainerState::Unknown, "{s:?}");
+
+    rig.fake.set_unavailable(false);
+    let back = Instant::now();
+    let s = rig
+        .until(id, "stopped once the engine answers", stopped)
+        .await;
+    assert!(
+        back.elapsed() <= Duration::from_millis(500),
+        "{:?}",
+        back.elapsed()
+    );
+    assert_eq!(s.stop_reason, Some(StopReason::Killed), "{s:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_kill_the_events_report_is_no_divergence() {
     let rig = Rig::new(Duration::from_secs(3600)).await;
     let id = rig.create().await.id;
