@@ -4,6 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How often desktops believed running are observed afresh by default.
+pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Resource limits every desktop container gets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResourceLimits {
@@ -48,6 +51,14 @@ pub struct BrokerConfig {
     /// stopped (reason `idle`) whatever its guest reports and whoever touches
     /// it. `None` (the default): no limit.
     pub max_run: Option<Duration>,
+    /// How often every desktop believed running (or with an unknown state)
+    /// is observed afresh, so a change the engine's events never told is
+    /// corrected within this long (`dormouse_state_divergence_total`).
+    pub resync_interval: Duration,
+    /// Whether the core checks once at start-up, with a probe container,
+    /// that the engine's event stream delivers (`dormoused` does; tests of
+    /// the core over a recording engine do not want the probe's calls).
+    pub probe_changes: bool,
     /// Extra labels every container gets (e.g. `dev.dormouse.test=1`); they
     /// also narrow which containers this broker watches and reports as its own.
     pub container_labels: BTreeMap<String, String>,
@@ -92,6 +103,8 @@ impl BrokerConfig {
             stop_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(60),
             max_run: None,
+            resync_interval: DEFAULT_RESYNC_INTERVAL,
+            probe_changes: false,
             container_labels: BTreeMap::new(),
             workspace: WorkspaceLimits::default(),
             workspace_quota: crate::quota::WorkspaceQuota::default(),

@@ -14,6 +14,9 @@ pub struct Metrics {
     resume_sum_ms: AtomicU64,
     idle_stops: AtomicU64,
     fencing_rejections: AtomicU64,
+    divergences: AtomicU64,
+    /// 1 when the start-up probe saw the engine's events arrive, else 0.
+    events_verified: AtomicU64,
 }
 
 impl Metrics {
@@ -36,6 +39,24 @@ impl Metrics {
     /// Counts a call refused for a stale or missing generation.
     pub fn fencing_rejection(&self) {
         self.fencing_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a desktop whose engine state differed from what the broker
+    /// believed, found by the resync or by the guest channel without an
+    /// engine event.
+    pub fn divergence(&self) {
+        self.divergences.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Divergences counted so far.
+    pub fn divergences(&self) -> u64 {
+        self.divergences.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the start-up probe saw the engine's events arrive.
+    pub fn events_verified(&self, verified: bool) {
+        self.events_verified
+            .store(u64::from(verified), Ordering::Relaxed);
     }
 
     /// Prometheus text exposition; `by_state` is (container state, count).
@@ -84,6 +105,20 @@ impl Metrics {
             "dormouse_fencing_rejections_total {}",
             self.fencing_rejections.load(Ordering::Relaxed)
         );
+        let _ = writeln!(out, "# HELP dormouse_state_divergence_total Desktops whose engine state differed from the broker's belief (an event the engine did not deliver).");
+        let _ = writeln!(out, "# TYPE dormouse_state_divergence_total counter");
+        let _ = writeln!(
+            out,
+            "dormouse_state_divergence_total {}",
+            self.divergences.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(out, "# HELP dormouse_engine_events_verified Whether the start-up probe saw the engine's event stream deliver (1) or not (0).");
+        let _ = writeln!(out, "# TYPE dormouse_engine_events_verified gauge");
+        let _ = writeln!(
+            out,
+            "dormouse_engine_events_verified {}",
+            self.events_verified.load(Ordering::Relaxed)
+        );
         out
     }
 }
@@ -103,5 +138,22 @@ mod tests {
         assert!(text.contains("dormouse_resume_seconds_bucket{le=\"1.5\"} 2"));
         assert!(text.contains("dormouse_resume_seconds_count 2"));
         assert!(text.contains("dormouse_desktops{state=\"running\"} 1"));
+    }
+
+    #[test]
+    fn divergences_are_counted() {
+        let m = Metrics::default();
+        assert!(m
+            .render(&[])
+            .contains("dormouse_state_divergence_total 0\n"));
+        m.divergence();
+        m.divergence();
+        assert!(m
+            .render(&[])
+            .contains("dormouse_state_divergence_total 2\n"));
+        m.events_verified(true);
+        assert!(m
+            .render(&[])
+            .contains("dormouse_engine_events_verified 1\n"));
     }
 }

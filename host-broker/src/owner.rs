@@ -30,12 +30,14 @@ mod screens;
 mod startup;
 pub mod workspace;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use dormouse_protocol::api::{BrokerEvent, ComputerStatus, CreateComputer, StopReason};
+use dormouse_protocol::api::{
+    BrokerEvent, ComputerStatus, ContainerState, CreateComputer, StopReason,
+};
 use dormouse_protocol::Activity;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
@@ -172,6 +174,11 @@ pub async fn spawn_backend(
             "the idle timeout must be at least one second".into(),
         ));
     }
+    if config.resync_interval < MIN_WINDOW {
+        return Err(BrokerError::BadRequest(
+            "the resync interval must be at least one second".into(),
+        ));
+    }
     if config.max_run.is_some_and(|m| m < MIN_WINDOW) {
         return Err(BrokerError::BadRequest(
             "the running limit must be at least one second".into(),
@@ -187,6 +194,7 @@ pub async fn spawn_backend(
         tracing::error!(error = %e, "skipping a computer record that cannot be read");
     }
 
+    let resync_interval = config.resync_interval;
     let config = Arc::new(config);
     let ctx = OpContext {
         backend,
@@ -216,9 +224,16 @@ pub async fn spawn_backend(
         screens: screens.clone(),
         screens_seen: screens::ScreensSeen::new(),
         quota_slots: Arc::new(tokio::sync::Semaphore::new(quota::CONCURRENT)),
+        witnesses: BTreeMap::new(),
+        last_change: HashMap::new(),
+        next_resync: Instant::now() + resync_interval,
+        resyncing: HashMap::new(),
     };
     owner.start_up(records).await;
     owner.watch_backend();
+    if owner.config().probe_changes {
+        owner.probe_changes();
+    }
     let task = tokio::spawn(owner.run(command_rx, internal_rx));
     Ok((
         BrokerHandle::new(command_tx, events).with_screens(screens),
@@ -255,6 +270,16 @@ struct Owner {
     screens_seen: screens::ScreensSeen,
     /// Workspace limits being applied at once ([`quota`]).
     quota_slots: Arc<tokio::sync::Semaphore>,
+    /// Computers whose guest channel dropped (or said it stops): the engine
+    /// is asked on a short schedule what became of them ([`follow`]).
+    witnesses: BTreeMap<Uuid, follow::Witness>,
+    /// When the engine last said each computer's run ended, to tell a
+    /// correction the events missed from one they merely raced.
+    last_change: HashMap<Uuid, Instant>,
+    /// When every desktop believed running is next observed afresh.
+    next_resync: Instant,
+    /// Computers a resync asked about: what was believed, and since when.
+    resyncing: HashMap<Uuid, (ContainerState, Instant)>,
 }
 
 impl std::fmt::Debug for Owner {
@@ -369,11 +394,18 @@ impl Owner {
                 [idle, ready, takeover, limit, guest]
             })
             .flatten()
+            .chain(self.witnesses.values().map(follow::Witness::wake_at))
+            .chain([self.next_resync])
             .min()
     }
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        self.witness_tick(now);
+        if self.next_resync <= now {
+            self.next_resync = now + self.config().resync_interval;
+            self.resync();
+        }
         let max_run = self.config().max_run;
         let ids: Vec<Uuid> = self.computers.keys().copied().collect();
         for id in ids {

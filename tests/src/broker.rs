@@ -41,6 +41,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// Label the broker puts on every container it makes.
 pub const COMPUTER_LABEL: &str = "dev.dormouse.computer";
 
+/// Label of the broker's start-up probe of the engine's events; its value
+/// is the broker's data directory.
+pub const PROBE_LABEL: &str = "dev.dormouse.probe";
+
 /// How a broker is started.
 #[derive(Debug, Clone)]
 pub struct BrokerOptions {
@@ -201,7 +205,7 @@ impl BrokerProcess {
             .collect()
     }
 
-    /// The value of [`TEST_LABEL`] on this broker's containers.
+    /// A value unique to this broker's data directory.
     pub fn run_label(&self) -> String {
         self.root
             .path()
@@ -242,11 +246,8 @@ impl BrokerProcess {
         if let Some(max) = self.options.max_instances {
             cmd.arg("--max-instances").arg(max.to_string());
         }
-        // Every container of this broker carries the test label with a value
-        // unique to this data directory: stray hunts find it, and the broker
-        // watches only its own containers.
-        cmd.arg("--label")
-            .arg(format!("{TEST_LABEL}={}", self.run_label()));
+        // No labels of the harness's own: the broker runs as a user would
+        // run it, and must tell its containers apart by its own labels.
         cmd.args(&self.options.extra_args)
             .env(
                 "RUST_LOG",
@@ -327,8 +328,9 @@ impl BrokerProcess {
 
     /// Removes every container that belongs to a computer of this data
     /// directory: by name (`dormouse-<id>` for each computer directory), by
-    /// this broker's test label, and, for containers made before the label
-    /// was set, by the broker's label and mounts from this data directory.
+    /// the broker's label and mounts from this data directory, by the test
+    /// label with this broker's value (an older harness set it), and the
+    /// broker's event probe should it have been killed mid-probe.
     pub fn remove_containers(&self) {
         let mut names: BTreeSet<String> = self
             .computer_ids()
@@ -340,6 +342,10 @@ impl BrokerProcess {
             self.run_label()
         )));
         names.extend(labelled_containers_mounting(&self.data_dir));
+        names.extend(containers_labelled(&format!(
+            "{PROBE_LABEL}={}",
+            self.data_dir.display()
+        )));
         if names.is_empty() {
             return;
         }

@@ -89,9 +89,47 @@ pub async fn kill(name: &str) -> Result<()> {
     docker_ok(&["kill", "-s", "KILL", name]).await.map(drop)
 }
 
+/// Whether the engine behind the `docker` CLI is Podman's compatible
+/// service (its version report lists a `Podman Engine` component).
+pub async fn is_podman() -> Result<bool> {
+    let out = docker_ok(&[
+        "version",
+        "--format",
+        "{{range .Server.Components}}{{.Name}};{{end}}",
+    ])
+    .await?;
+    Ok(out.to_ascii_lowercase().contains("podman"))
+}
+
+/// The host pid of a running container's init (its PID 1).
+pub async fn init_pid(name: &str) -> Result<i32> {
+    let pid = docker_ok(&["inspect", "--format", "{{.State.Pid}}", name]).await?;
+    let pid: i32 = pid
+        .parse()
+        .with_context(|| format!("pid of {name}: {pid:?}"))?;
+    ensure!(pid > 0, "{name} has no running init (pid {pid})");
+    Ok(pid)
+}
+
+/// `podman kill -s KILL` with Podman's own CLI (no API service involved).
+pub async fn podman_kill(name: &str) -> Result<()> {
+    let out = Command::new("podman")
+        .args(["kill", "-s", "KILL", name])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("spawning podman kill")?;
+    ensure!(
+        out.status.success(),
+        "podman kill {name}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
 /// The engine's unix socket: `$DOCKER_HOST` when it is `unix://…`, else the
 /// default path.
-fn engine_socket() -> String {
+pub fn engine_socket() -> String {
     std::env::var("DOCKER_HOST")
         .ok()
         .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))

@@ -6,8 +6,8 @@
 //! the benchmark (`src/bin/`), and by the real-engine tests of the supervisor
 //! and broker crates (as a dev-dependency). The modules below drive a real
 //! `dormoused` ([`broker`]), speak its API ([`client`]), look at the engine
-//! ([`engine`]) and play the user inside a desktop ([`guest`], [`markers`],
-//! [`browser`]).
+//! ([`engine`]), cut its event stream ([`proxy`]) and play the user inside
+//! a desktop ([`guest`], [`markers`], [`browser`]).
 
 // A test-support crate: a failed unwrap is a failed test, said loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,6 +20,7 @@ pub mod engine;
 pub mod guest;
 pub mod latency;
 pub mod markers;
+pub mod proxy;
 pub mod rfb;
 
 use std::path::{Path, PathBuf};

@@ -109,6 +109,11 @@ pub struct DaemonArgs {
     /// (e.g. 12h); off unless given.
     #[arg(long, value_name = "DURATION", value_parser = parse_idle_timeout)]
     pub max_run: Option<Duration>,
+    /// How often every desktop believed running is observed afresh, so a
+    /// stop the engine's events never reported is corrected (and counted in
+    /// `dormouse_state_divergence_total`), e.g. 30s, 2min (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_idle_timeout)]
+    pub resync_interval: Duration,
     /// The container engine's API socket, a path or `unix://` URL: Docker's,
     /// or Podman's Docker-compatible service
     /// (`podman system service unix:///run/podman/podman.sock`) [default:
@@ -186,6 +191,8 @@ impl DaemonArgs {
         config.ready_timeout = self.ready_timeout;
         config.container_labels = self.labels.iter().cloned().collect();
         config.max_run = self.max_run;
+        config.resync_interval = self.resync_interval;
+        config.probe_changes = true;
         config.workspace.import.max_total_bytes = self.import_max_bytes;
         config.workspace.import.max_entries = self.import_max_entries;
         config.workspace.files.max_write_bytes = self.file_max_bytes;
@@ -533,6 +540,8 @@ mod tests {
             config.workspace_quota,
             crate::quota::WorkspaceQuota::default()
         );
+        assert_eq!(config.resync_interval, Duration::from_secs(30));
+        assert!(config.probe_changes, "the daemon checks the event stream");
     }
 
     #[test]
@@ -550,6 +559,7 @@ mod tests {
             &["dormoused", "--workspace-max-bytes", "1KiB"],
             &["dormoused", "--workspace-max-inodes", "0"],
             &["dormoused", "--workspace-max-inodes", "lots"],
+            &["dormoused", "--resync-interval", "500ms"],
         ] {
             let err = DaemonArgs::try_parse_from(bad).expect_err("refused");
             assert_eq!(err.exit_code(), 2, "{bad:?}");

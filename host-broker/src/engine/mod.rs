@@ -236,6 +236,19 @@ pub struct Change {
     pub listed: Listed,
     /// It no longer exists.
     pub gone: bool,
+    /// Its run ended (or it is gone): what a kill or a stop looks like.
+    pub ended: bool,
+}
+
+/// What a check of the backend's change stream found ([`Backend::probe_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeProbe {
+    /// A probe's end arrived on the stream, this long after it was caused.
+    Delivered(Duration),
+    /// Nothing of the probe arrived within this long.
+    Silent(Duration),
+    /// The check could not be made (why, for the log).
+    NotChecked(String),
 }
 
 /// The verbs the broker needs from whatever keeps its desktops.
@@ -276,5 +289,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn layer_bytes(&self, id: Uuid) -> BackendFuture<'_, Option<u64>> {
         let _ = id;
         Box::pin(async { Ok(None) })
+    }
+    /// Checks once that [`Backend::changes`] delivers what happens: makes a
+    /// short-lived probe of `image` (never a desktop), ends it and waits for
+    /// that on the stream. Backends that cannot keep this default.
+    fn probe_changes<'a>(&'a self, image: &'a str) -> BoxFuture<'a, ChangeProbe> {
+        let _ = image;
+        Box::pin(async { ChangeProbe::NotChecked("this backend has no probe".into()) })
     }
 }

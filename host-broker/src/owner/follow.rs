@@ -1,5 +1,13 @@
-//! Following the guest: the supervisor's status stream, readiness, and the
-//! activity the idle timer asks for.
+//! Following the guest: the supervisor's status stream, readiness, the
+//! activity the idle timer asks for, and the guest channel as a second
+//! witness of the engine's state.
+//!
+//! The witness: when the supervisor's connection drops, or the guest says it
+//! is stopping, the container is observed at once and again on a short
+//! schedule ([`WITNESS_SCHEDULE`]), and the engine's answer is applied as the
+//! truth. A kill is so seen within a second even when the engine's event
+//! stream says nothing; when it indeed said nothing, that is counted as a
+//! divergence.
 //!
 //! Everything here comes from the guest and is hostile: a status only ever
 //! replaces the one before it (one per computer is kept), and what the
@@ -9,7 +17,7 @@
 use std::time::Duration;
 
 use dormouse_protocol::api::StopReason;
-use dormouse_protocol::Activity;
+use dormouse_protocol::{Activity, Phase};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -85,6 +93,51 @@ impl GuestThrottle {
     }
 }
 
+/// When the engine is asked, counted from the moment the guest channel
+/// dropped: at once, then with a growing pause (an engine may record a
+/// container's exit a moment after its processes are gone).
+pub const WITNESS_SCHEDULE: [Duration; 8] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+
+/// While the engine cannot be asked, the witness asks this often…
+pub const WITNESS_UNREACHABLE_EVERY: Duration = Duration::from_millis(250);
+/// …for at most this long after the guest channel dropped (then the
+/// reconnect to the engine and the resync take over).
+pub const WITNESS_UNREACHABLE_FOR: Duration = Duration::from_secs(120);
+
+/// How long after the guest channel dropped the engine's own event about
+/// the desktop may still arrive before its absence counts as a divergence
+/// (once the engine says the desktop is down).
+pub const EVENT_GRACE: Duration = Duration::from_secs(2);
+
+/// One computer being witnessed after its guest channel dropped.
+#[derive(Debug)]
+pub struct Witness {
+    /// When the guest channel dropped.
+    armed: Instant,
+    /// The next step of [`WITNESS_SCHEDULE`].
+    step: usize,
+    /// When the owner looks again.
+    next_at: Instant,
+    /// The engine was seen to say the desktop is down.
+    down: bool,
+}
+
+impl Witness {
+    /// When the owner looks again.
+    pub fn wake_at(&self) -> Instant {
+        self.next_at
+    }
+}
+
 /// A guest-channel problem as a status may show it: the host paths (which
 /// the log keeps) become the names a client knows.
 fn without_paths(text: &str, paths: &Paths, id: Uuid) -> String {
@@ -136,14 +189,24 @@ impl Owner {
                 if c.guest_throttle.admit(Instant::now()) {
                     self.dirty.insert(id);
                 }
+                let stopping = status.phase == Phase::Stopping;
+                let was_stopping = c
+                    .guest
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Phase::Stopping);
                 c.guest.problem = None;
                 c.guest.status = Some(status);
                 self.check_ready(id);
+                if stopping && !was_stopping {
+                    self.witness(id, "the guest says it is stopping");
+                }
             }
             GuestUpdate::Closed => {
                 self.dirty.insert(id);
                 tracing::debug!(computer = %id, "guest supervisor closed its stream");
                 c.guest.status = None;
+                self.witness(id, "the guest closed its stream");
             }
             GuestUpdate::Lost(why) => {
                 self.dirty.insert(id);
@@ -151,6 +214,7 @@ impl Owner {
                 tracing::warn!(computer = %id, problem = %why, "guest supervisor connection lost");
                 c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
                 c.guest.status = None;
+                self.witness(id, "the guest connection was lost");
             }
             GuestUpdate::GaveUp(why) => {
                 self.dirty.insert(id);
@@ -160,6 +224,99 @@ impl Owner {
                 c.guest.problem = Some(without_paths(&why, &self.ctx.paths, id));
                 c.guest.status = None;
                 c.ready_wait = None;
+                self.witness(id, "the guest is not reachable");
+            }
+        }
+    }
+
+    /// Asks the engine about `id` now and on [`WITNESS_SCHEDULE`], because
+    /// its guest channel suggests it may have stopped. Only with no
+    /// operation in flight: an operation observes the container itself.
+    pub(super) fn witness(&mut self, id: Uuid, why: &str) {
+        let Some(c) = self.computers.get(&id) else {
+            return;
+        };
+        if c.op.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        tracing::debug!(computer = %id, %why, "asking the engine what became of the desktop");
+        self.witnesses.insert(
+            id,
+            Witness {
+                armed: now,
+                step: 1,
+                next_at: now + WITNESS_SCHEDULE[1],
+                down: false,
+            },
+        );
+        self.refresh(id);
+    }
+
+    /// After an observation of `id` was applied: whether its witness has now
+    /// seen the desktop down (kept, whatever happens to it next).
+    pub(super) fn witnessed(&mut self, id: Uuid) {
+        let (Some(c), Some(w)) = (self.computers.get(&id), self.witnesses.get_mut(&id)) else {
+            return;
+        };
+        let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+        w.down |= c.op.is_none() && known && !c.engine.is_up();
+    }
+
+    /// The witnesses' next looks: ask again, or end once the engine says the
+    /// desktop is down (counting a divergence when no engine event said so).
+    pub(super) fn witness_tick(&mut self, now: Instant) {
+        let due: Vec<Uuid> = self
+            .witnesses
+            .iter()
+            .filter(|(_, w)| w.next_at <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let (Some(c), Some(w)) = (self.computers.get(&id), self.witnesses.get_mut(&id)) else {
+                self.witnesses.remove(&id);
+                continue;
+            };
+            let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+            // Once seen down, a start that follows does not undo what the
+            // events failed to say; before that an operation takes over.
+            w.down |= c.op.is_none() && known && !c.engine.is_up();
+            if !w.down && c.op.is_some() {
+                self.witnesses.remove(&id);
+                continue;
+            }
+            if w.down {
+                let told = self.last_change.get(&id).is_some_and(|t| *t >= w.armed);
+                let grace_ends = w.armed + EVENT_GRACE;
+                if told {
+                    self.witnesses.remove(&id);
+                } else if now >= grace_ends {
+                    self.witnesses.remove(&id);
+                    self.metrics.divergence();
+                    tracing::warn!(computer = %id, "the desktop stopped and the engine's events did not say so; learnt through the guest channel");
+                } else {
+                    w.next_at = grace_ends;
+                }
+                continue;
+            }
+            // An engine that cannot answer (restarting) is asked briskly
+            // until it can: its first answer is the one that matters.
+            if !known && now < w.armed + WITNESS_UNREACHABLE_FOR {
+                w.next_at = now + WITNESS_UNREACHABLE_EVERY;
+                self.refresh(id);
+                continue;
+            }
+            match WITNESS_SCHEDULE.get(w.step) {
+                Some(offset) => {
+                    w.step += 1;
+                    w.next_at = WITNESS_SCHEDULE
+                        .get(w.step)
+                        .map_or(now + *offset, |next| w.armed + *next);
+                    self.refresh(id);
+                }
+                None => {
+                    self.witnesses.remove(&id);
+                }
             }
         }
     }

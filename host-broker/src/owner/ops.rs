@@ -369,7 +369,11 @@ impl Owner {
             }
             Err(e) => {
                 tracing::warn!(computer = %id, error = %e.detail(), "{} failed", kind.describe());
-                c.op_problem = Some(e.to_string());
+                // A start that found the desktop running (the engine
+                // confirmed the belief) is a refusal, not a problem.
+                if !matches!(e, BrokerError::WrongState(_)) {
+                    c.op_problem = Some(e.to_string());
+                }
                 let _ = reply.send(Err(e));
                 self.refresh(id);
             }
@@ -443,6 +447,9 @@ impl Owner {
         let Some(mut c) = self.computers.remove(&id) else {
             return;
         };
+        self.witnesses.remove(&id);
+        self.last_change.remove(&id);
+        self.resyncing.remove(&id);
         stop_follower(&mut c);
         for t in c.takeovers.drain(..) {
             let _ = t.reply.send(Err(BrokerError::NotFound(id)));

@@ -2,6 +2,13 @@
 //! backend says, following the backend's changes, refreshing one computer's
 //! view, settling unconfirmed stop intents, and the orphans (desktops marked
 //! as ours without a record, reported and never removed).
+//!
+//! The backend's change stream is one witness of its state, never the only
+//! one: it is probed once at start-up ([`Owner::probe_changes`]), the guest
+//! channel is a second witness ([`super::follow`]), and every
+//! `resync_interval` each desktop believed running is observed afresh
+//! ([`Owner::resync`]); a belief the engine contradicts is corrected, logged
+//! and counted (`dormouse_state_divergence_total`).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -12,7 +19,7 @@ use uuid::Uuid;
 
 use super::computer::Computer;
 use super::{arm_idle, disarm_idle, stop_follower, Internal, Owner, ENGINE_RETRY_MAX};
-use crate::engine::{Change, Listed};
+use crate::engine::{Change, ChangeProbe, Listed};
 use crate::idle::IdleTimer;
 use crate::lifecycle::stop_key;
 use crate::reconcile::{self, EngineView, IntentAction, Orphan};
@@ -124,6 +131,75 @@ impl Owner {
         });
     }
 
+    /// Checks once, off the owner task, that the backend's change stream
+    /// delivers; only logs and sets `dormouse_engine_events_verified`.
+    pub(super) fn probe_changes(&mut self) {
+        let backend = self.ctx.backend.clone();
+        let image = self.config().image.clone();
+        let metrics = self.metrics.clone();
+        self.tasks.spawn(async move {
+            match backend.probe_changes(&image).await {
+                ChangeProbe::Delivered(after) => {
+                    metrics.events_verified(true);
+                    tracing::info!(ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX), "the engine's event stream delivers (a probe container's end arrived)");
+                }
+                ChangeProbe::Silent(waited) => {
+                    metrics.events_verified(false);
+                    tracing::error!(waited = ?waited, "the engine's event stream did not deliver a probe container's end: the broker learns of stops from the guest channel and the periodic resync only");
+                }
+                ChangeProbe::NotChecked(why) => {
+                    metrics.events_verified(false);
+                    tracing::warn!(reason = %why, "could not check the engine's event stream with a probe container");
+                }
+            }
+        });
+    }
+
+    /// Observes afresh every desktop believed running, booting or of an
+    /// unknown state (none with an operation in flight: that observes by
+    /// itself), so whatever the events missed is corrected.
+    pub(super) fn resync(&mut self) {
+        let now = Instant::now();
+        let ids: Vec<(Uuid, super::ContainerState)> = self
+            .computers
+            .iter()
+            .filter(|(_, c)| {
+                c.op.is_none()
+                    && (c.engine.is_up()
+                        || c.ready_wait.is_some()
+                        || matches!(c.engine, EngineView::Unknown(_)))
+            })
+            .map(|(id, c)| (*id, c.container_state()))
+            .collect();
+        for (id, believed) in ids {
+            self.resyncing.insert(id, (believed, now));
+            self.refresh(id);
+        }
+    }
+
+    /// After a resync's observation was applied: a belief the engine
+    /// contradicted, with no engine event in between, is a divergence.
+    fn after_resync(&mut self, id: Uuid) {
+        let Some((believed, since)) = self.resyncing.remove(&id) else {
+            return;
+        };
+        let Some(c) = self.computers.get(&id) else {
+            return;
+        };
+        let now = c.container_state();
+        let told = self.last_change.get(&id).is_some_and(|t| *t >= since);
+        if believed == super::ContainerState::Unknown
+            || now == super::ContainerState::Unknown
+            || now == believed
+            || told
+            || c.op.is_some()
+        {
+            return;
+        }
+        self.metrics.divergence();
+        tracing::warn!(computer = %id, believed = ?believed, engine = ?now, "the engine's state differed from the broker's; corrected by the resync");
+    }
+
     pub(super) fn refresh_all(&mut self) {
         let ids: Vec<Uuid> = self.computers.keys().copied().collect();
         for id in ids {
@@ -172,6 +248,8 @@ impl Owner {
         let mut again = std::mem::take(&mut c.refresh.again);
         if epoch == c.refresh.epoch {
             self.apply_view(id, view, image_present);
+            self.witnessed(id);
+            self.after_resync(id);
         } else {
             // Older than an operation's own view: ask again instead.
             again = true;
@@ -250,7 +328,12 @@ impl Owner {
 
     pub(super) fn on_change(&mut self, change: Change) {
         match change.computer {
-            Some(id) if self.computers.contains_key(&id) => self.refresh(id),
+            Some(id) if self.computers.contains_key(&id) => {
+                if change.ended {
+                    self.last_change.insert(id, Instant::now());
+                }
+                self.refresh(id);
+            }
             _ => {
                 let name = &change.listed.name;
                 if change.gone {

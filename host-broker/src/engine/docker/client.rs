@@ -262,7 +262,12 @@ fn map_err(e: BollardError) -> EngineError {
     }
 }
 
+/// The `label` filter of a listing or an event subscription; none for no
+/// labels (an empty filter list is not something every engine accepts).
 fn label_filters(labels: &[String]) -> HashMap<String, Vec<String>> {
+    if labels.is_empty() {
+        return HashMap::new();
+    }
     HashMap::from([("label".to_owned(), labels.to_vec())])
 }
 

@@ -105,6 +105,9 @@ struct State {
     next_delays: HashMap<Verb, Vec<Duration>>,
     stop_exit_code: i64,
     next_id: u64,
+    /// Deliver no event to a subscription with a bare-key label filter, as
+    /// Podman 4.3's compatible API does.
+    blind_to_bare_labels: bool,
 }
 
 /// Something a test runs when a container starts or its run ends (e.g. a
@@ -302,6 +305,18 @@ impl FakeEngine {
         self.end_run(name, 0, false);
         self.emit("die", name);
         self.emit("stop", name);
+    }
+
+    /// A kill the engine reports to nobody: the run ends (the guest with it)
+    /// and no event is sent.
+    pub fn silent_kill(&self, name: &str) {
+        self.end_run(name, 137, false);
+    }
+
+    /// Makes event subscriptions filtered by a bare label key deliver
+    /// nothing (Podman 4.3 matches only `key=value`).
+    pub fn blind_to_bare_labels(&self, blind: bool) {
+        self.lock().blind_to_bare_labels = blind;
     }
 
     /// A `docker kill -s KILL` the broker did not make.
@@ -637,10 +652,13 @@ impl Engine for FakeEngine {
     }
 
     fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
-        let unavailable = {
+        let (unavailable, blind) = {
             let mut s = self.lock();
             s.calls.push(Call::Events);
-            s.unavailable
+            (
+                s.unavailable,
+                s.blind_to_bare_labels && labels.iter().any(|l| !l.contains('=')),
+            )
         };
         if unavailable {
             return futures_util::stream::once(async {
@@ -663,6 +681,7 @@ impl Engine for FakeEngine {
         })
         .filter(move |item| {
             let keep = match item {
+                Ok(_) if blind => false,
                 Ok(event) => matches_labels(&event.labels, &wanted),
                 Err(_) => true,
             };

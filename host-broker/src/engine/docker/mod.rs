@@ -15,6 +15,7 @@ pub mod api;
 pub mod client;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
+pub mod probe;
 pub mod resume;
 pub mod spec;
 
@@ -24,12 +25,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
+use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, StreamExt};
 use uuid::Uuid;
 
 pub use self::api::{ContainerInfo, ContainerSpec, Engine, EngineEvent, ImageInfo};
 pub use self::client::DockerEngine;
-use super::{Backend, BackendFuture, BackendSpec, Change, Desktop, EngineError, Listed};
+use super::{
+    Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Listed,
+};
 use crate::config::{BrokerConfig, ResourceLimits};
 use crate::guest::GuestSocket;
 use crate::store::{ComputerRecord, Paths};
@@ -249,8 +253,22 @@ impl Backend for DockerBackend {
 
     fn changes(&self) -> BoxStream<'static, Result<Change, EngineError>> {
         let removed = self.config.dialect.removed_action();
+        let ended = self.config.dialect.ended_actions();
+        let ours = spec::our_labels(&self.config);
+        // The engine is asked for container events only, a filter every
+        // engine honours; whose they are is judged here, on the labels each
+        // event carries. (Podman 4.3 matches a bare-key label filter against
+        // nothing, so a server-side `label=dev.dormouse.computer` would
+        // deliver no event at all there.)
         self.engine
-            .events(&spec::our_labels(&self.config))
+            .events(&[])
+            .filter(move |event| {
+                let keep = match event {
+                    Ok(e) => spec::carries_labels(&e.labels, &ours),
+                    Err(_) => true,
+                };
+                std::future::ready(keep)
+            })
             .map(move |event| {
                 event.map(|e| {
                     let computer = e
@@ -259,9 +277,11 @@ impl Backend for DockerBackend {
                         .and_then(|v| Uuid::parse_str(v).ok())
                         .or_else(|| spec::computer_of_name(&e.name));
                     tracing::debug!(action = %e.action, container = %e.name, "engine event");
+                    let gone = e.action == removed;
                     Change {
                         computer,
-                        gone: e.action == removed,
+                        gone,
+                        ended: gone || ended.contains(&e.action.as_str()),
                         listed: listed(e.name, &e.labels, e.action),
                     }
                 })
@@ -286,5 +306,9 @@ impl Backend for DockerBackend {
 
     fn layer_bytes(&self, id: Uuid) -> BackendFuture<'_, Option<u64>> {
         Box::pin(async move { self.engine.size_rw(&spec::container_name(id)).await })
+    }
+
+    fn probe_changes<'a>(&'a self, image: &'a str) -> BoxFuture<'a, ChangeProbe> {
+        Box::pin(probe::run(self.engine.clone(), &self.paths, image))
     }
 }

@@ -51,6 +51,15 @@ pub fn our_labels(config: &DockerConfig) -> Vec<String> {
     labels
 }
 
+/// Whether labels carry every one of `wanted` (`key` or `key=value`), the
+/// way an engine's label filter means it.
+pub fn carries_labels(labels: &BTreeMap<String, String>, wanted: &[String]) -> bool {
+    wanted.iter().all(|w| match w.split_once('=') {
+        Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
+        None => labels.contains_key(w.as_str()),
+    })
+}
+
 /// Open files per process in a desktop (a browser with many tabs needs
 /// thousands; engines commonly run with 20 000 to 1 048 576).
 pub const NOFILE: i64 = 16_384;
@@ -230,6 +239,22 @@ mod tests {
             .all(|m| m.source.starts_with("/data/computers") && !m.read_only));
         assert_eq!(spec.labels.get(LABEL_COMPUTER), Some(&id.to_string()));
         assert_eq!(spec.labels.get(LABEL_OWNER), Some(&"alice".to_string()));
+    }
+
+    #[test]
+    fn labels_are_matched_by_key_or_by_key_and_value() {
+        let labels = BTreeMap::from([
+            (LABEL_COMPUTER.to_owned(), "x".to_owned()),
+            ("team".to_owned(), "a".to_owned()),
+        ]);
+        assert!(carries_labels(&labels, &[LABEL_COMPUTER.to_owned()]));
+        assert!(carries_labels(
+            &labels,
+            &[LABEL_COMPUTER.to_owned(), "team=a".to_owned()]
+        ));
+        assert!(!carries_labels(&labels, &["team=b".to_owned()]));
+        assert!(!carries_labels(&labels, &[LABEL_OWNER.to_owned()]));
+        assert!(carries_labels(&labels, &[]));
     }
 
     #[test]

@@ -480,4 +480,5 @@ mod hostile;
 mod idle;
 mod lifecycle;
 mod trouble;
+mod truth;
 mod workspace;
