@@ -26,6 +26,7 @@ pub mod quota;
 pub mod reconcile;
 pub mod relay;
 pub mod screen;
+pub mod secret;
 pub mod store;
 pub mod workspace;
 

@@ -18,7 +18,7 @@ mod computers;
 pub mod error;
 mod events;
 mod exec;
-mod extract;
+pub mod extract;
 mod panel;
 pub mod screens;
 mod workspace;

@@ -230,6 +230,34 @@ mod tests {
     }
 
     #[test]
+    fn a_generation_change_or_a_removal_fires_the_tickets_it_fences_off() {
+        let id = Uuid::new_v4();
+        let mut r = Revocations::default();
+        let first = r.fenced(id, 1);
+        let again = r.fenced(id, 1);
+        let unfenced = r.unfenced(id);
+        assert!(
+            !r.fence_off(id, 1),
+            "the same generation fences nothing off"
+        );
+        assert!(!first.is_cancelled() && !again.is_cancelled());
+        assert!(r.fence_off(id, 2));
+        assert!(first.is_cancelled() && again.is_cancelled());
+        assert!(
+            !unfenced.is_cancelled(),
+            "a generation change leaves unfenced calls"
+        );
+        let second = r.fenced(id, 2);
+        assert!(!second.is_cancelled());
+        // A ticket of a newer generation admitted before the pass saw it
+        // replaces (and fires) the older one at once.
+        let third = r.fenced(id, 3);
+        assert!(second.is_cancelled() && !third.is_cancelled());
+        r.forget(id);
+        assert!(third.is_cancelled() && unfenced.is_cancelled());
+    }
+
+    #[test]
     fn changes_map_to_reasons() {
         let s = seen();
         assert_eq!(revocation(&s, &s), None);

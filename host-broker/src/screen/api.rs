@@ -22,7 +22,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
-use dormouse_protocol::api::GENERATION_HEADER;
 use dormouse_protocol::screen::{
     CreateScreen, ScreenMode, DEFAULT_SCREEN_TTL_MS, RFB_SUBPROTOCOL, SCREEN_SUBPROTOCOL_PREFIX,
 };
@@ -31,6 +30,7 @@ use uuid::Uuid;
 use super::registry::RegistryError;
 use super::relay::{relay, RelaySession};
 use super::{Refusal, ScreenGateway};
+use crate::api::extract::parse_generation;
 use crate::api::HttpError;
 
 /// Path of the mint and list routes.
@@ -76,29 +76,6 @@ fn parse_id(raw: &str, what: &str) -> Result<Uuid, HttpError> {
     Uuid::parse_str(raw).map_err(|_| HttpError::bad_request(format!("{what} is not a UUID")))
 }
 
-/// `Dormouse-Generation`, if sent once and well-formed.
-fn generation(headers: &HeaderMap) -> Result<Option<u64>, HttpError> {
-    let mut values = headers.get_all(GENERATION_HEADER).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(HttpError::bad_request(format!(
-            "{GENERATION_HEADER} was sent more than once"
-        )));
-    }
-    first
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            HttpError::bad_request(format!(
-                "{GENERATION_HEADER} must be a non-negative integer"
-            ))
-        })
-}
-
 /// `POST /v1/computers/{id}/screens`.
 pub async fn create(
     State(gw): State<ScreenGateway>,
@@ -107,7 +84,7 @@ pub async fn create(
     body: Bytes,
 ) -> Result<Response, HttpError> {
     let computer = parse_id(&id, "the computer id")?;
-    let fence = generation(&headers)?;
+    let fence = parse_generation(&headers)?;
     let request: CreateScreen = serde_json::from_slice(&body)
         .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
     let ttl_ms = request.ttl_ms.unwrap_or(DEFAULT_SCREEN_TTL_MS);
@@ -254,6 +231,7 @@ pub async fn rfb(
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use dormouse_protocol::api::GENERATION_HEADER;
 
     #[test]
     fn the_screen_token_comes_from_the_subprotocol_or_the_query_only() {
@@ -283,13 +261,15 @@ mod tests {
     #[test]
     fn the_generation_header_is_strict() {
         let mut h = HeaderMap::new();
-        assert_eq!(generation(&h).unwrap(), None);
+        assert_eq!(parse_generation(&h).unwrap(), None);
         h.insert(GENERATION_HEADER, HeaderValue::from_static("12"));
-        assert_eq!(generation(&h).unwrap(), Some(12));
+        assert_eq!(parse_generation(&h).unwrap(), Some(12));
         h.append(GENERATION_HEADER, HeaderValue::from_static("12"));
-        assert!(generation(&h).is_err());
-        let mut h = HeaderMap::new();
-        h.insert(GENERATION_HEADER, HeaderValue::from_static("-1"));
-        assert!(generation(&h).is_err());
+        assert!(parse_generation(&h).is_err());
+        for bad in ["-1", "+5", "", "1 2", "0x1"] {
+            let mut h = HeaderMap::new();
+            h.insert(GENERATION_HEADER, HeaderValue::from_static(bad));
+            assert!(parse_generation(&h).is_err(), "{bad:?} accepted");
+        }
     }
 }
