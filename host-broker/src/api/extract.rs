@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
-use dormouse_protocol::api::GENERATION_HEADER;
+use dormouse_protocol::api::{ErrorCode, GENERATION_HEADER};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -99,8 +99,7 @@ where
                 HttpError::payload_too_large(BODY_LIMIT)
             } else if let Some(late) = body_timed_out(&rejection) {
                 HttpError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
+                    ErrorCode::RequestTimeout,
                     format!(
                         "the request body did not arrive within {}",
                         humantime::format_duration(late.0)

@@ -22,6 +22,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
+use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::screen::{
     CreateScreen, ScreenMode, DEFAULT_SCREEN_TTL_MS, RFB_SUBPROTOCOL, SCREEN_SUBPROTOCOL_PREFIX,
 };
@@ -42,23 +43,21 @@ pub const RFB_PATH: &str = "/v1/screens/{screen_id}/rfb";
 
 impl From<Refusal> for HttpError {
     fn from(r: Refusal) -> Self {
-        HttpError::new(r.status, r.code, r.message)
+        HttpError::new(r.code, r.message)
     }
 }
 
 impl From<RegistryError> for HttpError {
     fn from(e: RegistryError) -> Self {
-        let (status, code) = match e {
-            RegistryError::BadTtl => (StatusCode::BAD_REQUEST, "bad_request"),
-            RegistryError::TooManyScreens => (StatusCode::CONFLICT, "too_many_screens"),
-            RegistryError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-            RegistryError::BadToken => (StatusCode::UNAUTHORIZED, "invalid_screen_token"),
-            RegistryError::Raced => (StatusCode::CONFLICT, "state_changed"),
-            RegistryError::TooManyConnections => {
-                (StatusCode::TOO_MANY_REQUESTS, "too_many_connections")
-            }
+        let code = match e {
+            RegistryError::BadTtl => ErrorCode::BadRequest,
+            RegistryError::TooManyScreens => ErrorCode::TooManyScreens,
+            RegistryError::NotFound => ErrorCode::NotFound,
+            RegistryError::BadToken => ErrorCode::InvalidScreenToken,
+            RegistryError::Raced => ErrorCode::StateChanged,
+            RegistryError::TooManyConnections => ErrorCode::TooManyConnections,
         };
-        HttpError::new(status, code, e.to_string())
+        HttpError::new(code, e.to_string())
     }
 }
 
@@ -165,8 +164,7 @@ fn screen_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
 
 fn token_required() -> HttpError {
     HttpError::new(
-        StatusCode::UNAUTHORIZED,
-        "screen_token_required",
+        ErrorCode::ScreenTokenRequired,
         "this route takes a screen token (subprotocol dormouse.screen.<token> or ?token=); \
          the broker's bearer token is not accepted here",
     )
@@ -185,9 +183,9 @@ pub async fn rfb(
     let ticket = gw.registry.authorize(screen_id, &token)?;
     drop(token);
     let upgrade = upgrade.map_err(|rejection| {
-        HttpError::new(
+        HttpError::with_status(
             rejection.status(),
-            "websocket_required",
+            ErrorCode::WebsocketRequired,
             format!("this route is a WebSocket: {rejection}"),
         )
     })?;

@@ -33,13 +33,13 @@ impl OwnerScreenHost {
 }
 
 /// The owner's refusal as the gateway's: a desktop that is not running or
-/// ready is `not_ready`; the rest keep their API status and code.
+/// ready is `not_ready`; the rest keep their API code (and message).
 fn refusal(e: BrokerError) -> Refusal {
     if let BrokerError::WrongState(why) = &e {
         return Refusal::not_ready(why.clone());
     }
     let http = HttpError::from(e);
-    Refusal::new(http.status(), http.code(), http.message())
+    Refusal::new(http.error_code(), http.message())
 }
 
 impl ScreenHost for OwnerScreenHost {
