@@ -3,11 +3,11 @@
 //!
 //! They parse and answer; admission, the fence and the guest call are the
 //! relay's ([`crate::relay`]): one admission, then the call on a connection
-//! of this handler's own task. The
-//! handler's own future carries the command: when the HTTP client goes
-//! away, hyper drops it, the guest connection closes and the supervisor
-//! kills the command and confirms it gone. The WebSocket's end does the same
-//! for a terminal.
+//! of this handler's own task. The handler's own future carries the
+//! command: when the HTTP client goes away, hyper drops it, the guest
+//! connection closes and the supervisor kills the command and confirms it
+//! gone. The WebSocket's end does the same for a terminal, and so does a
+//! lease takeover (the ticket's revocation).
 //!
 //! The terminal WebSocket's framing: binary messages are the terminal's
 //! bytes (keystrokes from the client, output to it); text messages are JSON
