@@ -2,7 +2,8 @@
 //! can be bind-mounted (a pod, a remote engine).
 //!
 //! The broker runs this subcommand through the engine's exec stream; it
-//! connects to the supervisor socket in the run directory and relays bytes
+//! connects to one socket of the run directory ([`Target`]: the supervisor
+//! socket for `bridge`, the VNC socket for `bridge-vnc`) and relays bytes
 //! both ways between that socket and its own stdin/stdout until either side
 //! closes. It adds nothing to the stream and interprets nothing: the broker
 //! speaks the same framed protocol as over the bind-mounted socket and keeps
@@ -15,9 +16,29 @@
 use std::io;
 use std::path::Path;
 
+use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
 use dormouse_protocol::SOCKET_FILE_NAME;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
+
+/// Which socket of the run directory a bridge relays to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `supervisor.sock`: the framed guest protocol.
+    Supervisor,
+    /// `vnc.sock`: the desktop's RFB stream (the live screen).
+    Vnc,
+}
+
+impl Target {
+    /// The socket's file name in the run directory.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Self::Supervisor => SOCKET_FILE_NAME,
+            Self::Vnc => VNC_SOCKET_FILE_NAME,
+        }
+    }
+}
 
 /// Why the relay ended other than by a clean close.
 #[derive(Debug, thiserror::Error)]
@@ -45,10 +66,10 @@ pub struct Relayed {
     pub to_host: u64,
 }
 
-/// Connects to the supervisor socket in `run_dir` and relays the process's
+/// Connects to the `target` socket in `run_dir` and relays the process's
 /// stdin and stdout to it.
-pub async fn run(run_dir: &Path) -> Result<Relayed, BridgeError> {
-    let path = run_dir.join(SOCKET_FILE_NAME);
+pub async fn run(run_dir: &Path, target: Target) -> Result<Relayed, BridgeError> {
+    let path = run_dir.join(target.file_name());
     let socket = UnixStream::connect(&path)
         .await
         .map_err(|source| BridgeError::Connect {
@@ -110,8 +131,12 @@ mod tests {
     #[tokio::test]
     async fn a_missing_socket_is_a_connect_error_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = run(dir.path()).await.expect_err("no socket");
+        let err = run(dir.path(), Target::Supervisor)
+            .await
+            .expect_err("no socket");
         assert!(matches!(err, BridgeError::Connect { .. }), "{err}");
         assert!(err.to_string().contains(SOCKET_FILE_NAME), "{err}");
+        let err = run(dir.path(), Target::Vnc).await.expect_err("no socket");
+        assert!(err.to_string().contains(VNC_SOCKET_FILE_NAME), "{err}");
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use dormouse_protocol::CheckStatus;
+use dormouse_supervisor::bridge::Target;
 use dormouse_supervisor::config::{Config, DEFAULT_CONFIG_PATH};
 
 const USAGE: &str = "\
@@ -24,6 +25,8 @@ Commands:
   probe             Run the self-probe once, print the report as JSON; exit 0 iff ok
   bridge            Relay stdin/stdout to the supervisor socket (the guest channel
                     over an engine's exec stream, where no directory is mounted)
+  bridge-vnc        Relay stdin/stdout to the VNC socket (the live screen over
+                    the same exec stream)
   protocol-version  Print the guest protocol version
 
 Options:
@@ -54,7 +57,7 @@ enum Cli {
 enum Cmd {
     Run,
     Probe,
-    Bridge,
+    Bridge(Target),
     ProtocolVersion,
 }
 
@@ -92,7 +95,8 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Cli, String> {
                 command = Some(match word {
                     "run" => Cmd::Run,
                     "probe" => Cmd::Probe,
-                    "bridge" => Cmd::Bridge,
+                    "bridge" => Cmd::Bridge(Target::Supervisor),
+                    "bridge-vnc" => Cmd::Bridge(Target::Vnc),
                     "protocol-version" => Cmd::ProtocolVersion,
                     other => return Err(format!("unknown command {other:?}")),
                 });
@@ -192,16 +196,18 @@ fn start(
                 ExitCode::FAILURE
             }
         }
-        Cmd::Bridge => match runtime.block_on(dormouse_supervisor::bridge::run(&config.run_dir)) {
-            Ok(relayed) => {
-                tracing::debug!(?relayed, "bridge closed");
-                ExitCode::SUCCESS
+        Cmd::Bridge(target) => {
+            match runtime.block_on(dormouse_supervisor::bridge::run(&config.run_dir, target)) {
+                Ok(relayed) => {
+                    tracing::debug!(?relayed, "bridge closed");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "bridge failed");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                tracing::error!(error = %e, "bridge failed");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Cmd::ProtocolVersion => ExitCode::SUCCESS,
     };
     // Never hang the exit on a blocking X call stuck on a dead server.
@@ -275,7 +281,15 @@ mod tests {
             Ok(Cli::Command {
                 config: None,
                 overrides: vec![],
-                command: Cmd::Bridge
+                command: Cmd::Bridge(Target::Supervisor)
+            })
+        );
+        assert_eq!(
+            parse(&["bridge-vnc"]),
+            Ok(Cli::Command {
+                config: None,
+                overrides: vec![],
+                command: Cmd::Bridge(Target::Vnc)
             })
         );
         assert_eq!(parse(&["--help"]), Ok(Cli::Help));

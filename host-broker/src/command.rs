@@ -13,9 +13,9 @@ use uuid::Uuid;
 use crate::error::BrokerError;
 use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use crate::reconcile::Orphan;
+use crate::relay::{Purpose, Ticket};
 use crate::screen::ScreenRegistry;
 use crate::workspace::{ChannelReader, DiskUsage, ImportSummary};
-use dormouse_protocol::screen::ScreenMode;
 
 /// Reply channel of a command.
 pub type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -60,9 +60,11 @@ pub enum Command {
     /// Containers labelled as Dormouse computers that have no record here
     /// (reported, never removed).
     Orphans(Reply<Vec<Orphan>>),
-    /// May this computer run a command now (fenced; renews the idle timer)?
-    /// Answers its guest socket; the caller runs the command itself.
-    AdmitExec(Uuid, Fence, Reply<crate::guest::GuestSocket>),
+    /// May the caller make a guest call of this purpose now? The one
+    /// admission of every guest call ([`crate::relay`]): the fence and
+    /// readiness as the purpose needs them, the idle timer renewed where it
+    /// is activity; answers the ticket the caller relays the call over.
+    AdmitGuest(Uuid, Fence, Purpose, Reply<Ticket>),
     /// Authorises a workspace request and says where the workspace is; the
     /// API does the blocking work off the owner task.
     Workspace(Uuid, WorkspaceAccess, Reply<WorkspaceGrant>),
@@ -72,8 +74,6 @@ pub enum Command {
     Import(Uuid, Fence, ChannelReader, Reply<ImportSummary>),
     /// A fresh place to stage the workspace of a create from a tar.
     ImportSlot(CreateComputer, Reply<WorkspaceGrant>),
-    /// Admit a screen capability; answers the generation it is bound to.
-    ScreenAdmit(Uuid, ScreenMode, Fence, Reply<u64>),
     /// Give the lease back (fenced).
     ReleaseLease(Uuid, Fence, Reply<()>),
 }
@@ -107,16 +107,6 @@ impl BrokerHandle {
         &self.screens
     }
 
-    /// See [`Command::ScreenAdmit`].
-    pub async fn screen_admit(
-        &self,
-        id: Uuid,
-        mode: ScreenMode,
-        fence: Fence,
-    ) -> Result<u64, BrokerError> {
-        self.ask(|r| Command::ScreenAdmit(id, mode, fence, r)).await
-    }
-
     /// See [`Command::ReleaseLease`].
     pub async fn release_lease(&self, id: Uuid, fence: Fence) -> Result<(), BrokerError> {
         self.ask(|r| Command::ReleaseLease(id, fence, r)).await
@@ -127,7 +117,10 @@ impl BrokerHandle {
         self.events.subscribe()
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, BrokerError> {
+    pub(crate) async fn ask<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, BrokerError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(make(reply))
@@ -211,15 +204,6 @@ impl BrokerHandle {
     /// See [`Command::Orphans`].
     pub async fn orphans(&self) -> Result<Vec<Orphan>, BrokerError> {
         self.ask(Command::Orphans).await
-    }
-
-    /// See [`Command::AdmitExec`].
-    pub async fn admit_exec(
-        &self,
-        id: Uuid,
-        fence: Fence,
-    ) -> Result<crate::guest::GuestSocket, BrokerError> {
-        self.ask(|r| Command::AdmitExec(id, fence, r)).await
     }
 
     /// See [`Command::Workspace`].

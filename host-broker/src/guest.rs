@@ -237,6 +237,16 @@ impl RunDir {
 pub trait GuestRelay: Send + Sync + std::fmt::Debug {
     /// Opens one stream to the supervisor.
     fn open(&self) -> futures_util::future::BoxFuture<'_, Result<UnixStream, GuestError>>;
+
+    /// Opens one stream to the desktop's VNC server (the live screen's RFB),
+    /// the same way. A relay that cannot carries no screen.
+    fn open_vnc(&self) -> futures_util::future::BoxFuture<'_, Result<UnixStream, GuestError>> {
+        Box::pin(async {
+            Err(GuestError::Connect(std::io::Error::other(
+                "this guest channel carries no screen",
+            )))
+        })
+    }
 }
 
 /// The supervisor socket of one computer and who may own it.
@@ -301,6 +311,22 @@ impl GuestSocket {
             None => self.dir.connect(self.name()?).await?,
         };
         Ok(GuestConnection { stream })
+    }
+
+    /// A raw stream to the desktop's VNC socket (`vnc.sock` beside the
+    /// supervisor socket), opened by the same rules: race-free and
+    /// owner-checked in the run directory, or through the relay.
+    pub async fn connect_vnc(&self) -> Result<UnixStream, GuestError> {
+        match &self.relay {
+            Some(relay) => timeout(CONNECT_TIMEOUT, relay.open_vnc())
+                .await
+                .map_err(|_| GuestError::Timeout(CONNECT_TIMEOUT, "connect"))?,
+            None => {
+                self.dir
+                    .connect(dormouse_protocol::screen::VNC_SOCKET_FILE_NAME)
+                    .await
+            }
+        }
     }
 }
 

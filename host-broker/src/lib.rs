@@ -17,7 +17,6 @@ pub mod config;
 pub mod daemon;
 pub mod engine;
 pub mod error;
-pub mod exec;
 pub mod guest;
 pub mod idle;
 pub mod lifecycle;
@@ -25,7 +24,9 @@ pub mod metrics;
 pub mod owner;
 pub mod quota;
 pub mod reconcile;
+pub mod relay;
 pub mod screen;
+pub mod secret;
 pub mod store;
 pub mod workspace;
 

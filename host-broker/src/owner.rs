@@ -19,14 +19,13 @@
 //! helpers; desktops keep running, and an interrupted stop is finished by the
 //! next start-up's reconciliation (its intent is on disk).
 
-mod actions;
+mod admission;
 mod commands;
 mod computer;
-mod exec;
 mod follow;
 mod ops;
 mod quota;
-mod screens;
+mod revocation;
 mod startup;
 pub mod workspace;
 
@@ -222,7 +221,7 @@ pub async fn spawn_backend(
         dirty: BTreeSet::new(),
         engine_lost: false,
         screens: screens.clone(),
-        screens_seen: screens::ScreensSeen::new(),
+        revocations: revocation::Revocations::default(),
         quota_slots: Arc::new(tokio::sync::Semaphore::new(quota::CONCURRENT)),
         witnesses: BTreeMap::new(),
         last_change: HashMap::new(),
@@ -264,10 +263,10 @@ struct Owner {
     dirty: BTreeSet<Uuid>,
     /// The backend's change stream broke and has not come back yet.
     engine_lost: bool,
-    /// Every live screen capability (revoked from here, [`screens`]).
+    /// Every live screen capability (revoked from here, [`revocation`]).
     screens: crate::screen::ScreenRegistry,
-    /// What [`Owner::sync_screens`] last saw of each computer.
-    screens_seen: screens::ScreensSeen,
+    /// What [`Owner::sync_revocations`] keeps between turns.
+    revocations: revocation::Revocations,
     /// Workspace limits being applied at once ([`quota`]).
     quota_slots: Arc<tokio::sync::Semaphore>,
     /// Computers whose guest channel dropped (or said it stops): the engine
@@ -336,7 +335,7 @@ impl Owner {
         loop {
             while self.tasks.try_join_next().is_some() {}
             self.publish();
-            self.sync_screens();
+            self.sync_revocations();
             let wake = self.next_wake();
             tokio::select! {
                 message = internal.recv() => {

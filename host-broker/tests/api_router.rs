@@ -633,3 +633,82 @@ async fn status_objects_use_contract_names() {
     }
     assert_eq!(h.computers()[&id].container, ContainerState::Stopped);
 }
+
+/// docs/api.md's route table lists exactly the routes the router serves
+/// (each row: its methods, then its paths, query parts aside), and the rows
+/// that need no bearer token ("no token", "screen token only") are exactly
+/// the public ones. The table is the first after its header row and ends at
+/// the first line that is not a row, so a blank line inside it fails here.
+#[test]
+fn the_route_table_of_the_docs_is_the_router() {
+    const API_MD: &str = include_str!("../../docs/api.md");
+    let mut lines = API_MD
+        .lines()
+        .skip_while(|l| l.trim() != "| method | path | what |")
+        .skip(2);
+    let mut documented = BTreeSet::new();
+    let mut public_in_doc = BTreeSet::new();
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    for row in lines.by_ref().take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').collect();
+        assert_eq!(cells.len(), 3, "a row of three cells: {row}");
+        let methods = ticked(cells[0]);
+        let paths = ticked(cells[1]);
+        assert!(!methods.is_empty() && !paths.is_empty(), "{row}");
+        let public = cells[2].contains("no token") || cells[2].contains("screen token only");
+        for method in &methods {
+            for path in &paths {
+                let path = path.split(['?', '[']).next().unwrap_or_default().to_owned();
+                documented.insert((method.clone(), path.clone()));
+                if public {
+                    public_in_doc.insert((method.clone(), path));
+                }
+            }
+        }
+    }
+    assert!(!documented.is_empty(), "docs/api.md has its route table");
+    let served: BTreeSet<(String, String)> = route_table()
+        .iter()
+        .map(|r| (r.method.to_string(), r.path.to_owned()))
+        .collect();
+    let public: BTreeSet<(String, String)> = route_table()
+        .iter()
+        .filter(|r| r.access == Access::Public)
+        .map(|r| (r.method.to_string(), r.path.to_owned()))
+        .collect();
+    let missing: Vec<_> = served.difference(&documented).collect();
+    let extra: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        missing.is_empty(),
+        "served but not in docs/api.md: {missing:?}"
+    );
+    assert!(extra.is_empty(), "in docs/api.md but not served: {extra:?}");
+    assert_eq!(public, public_in_doc, "the rows without a bearer token");
+}
+
+/// `Dormouse-Generation` has one parser: a sign is refused on the computer
+/// routes and on the screen routes alike, before anything is asked.
+#[tokio::test]
+async fn a_signed_generation_is_refused_on_every_route() {
+    let h = Harness::new();
+    let id = h.add("a", true);
+    for bad in ["+5", "-5", " +5 "] {
+        let stop = req(Method::POST, &format!("/v1/computers/{id}/stop"))
+            .header(GENERATION_HEADER, bad)
+            .body(Body::empty())
+            .expect("request");
+        refused(&h, stop, StatusCode::BAD_REQUEST, "bad_request").await;
+        let screen = req(Method::POST, &format!("/v1/computers/{id}/screens"))
+            .header(GENERATION_HEADER, bad)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"mode":"control"}"#))
+            .expect("request");
+        refused(&h, screen, StatusCode::BAD_REQUEST, "bad_request").await;
+    }
+}

@@ -2,8 +2,11 @@
 //! against the real engine and image: a broker that reaches its guests only
 //! through the bridge gets a desktop ready (hello, then `watch` pushing the
 //! ready status), takes screenshots, and the engine's own event log shows the
-//! bridge execs. A hostile stream on the same path (a flood, an immediate
-//! close) ends the connection with an error, quickly and bounded.
+//! bridge execs. The live screen goes the same way: a screen capability is
+//! admitted and its VNC stream (`dormouse-supervisor bridge-vnc`) speaks
+//! RFB with the desktop's own screen size. A hostile stream on the same
+//! path (a flood, an immediate close) ends the connection with an error,
+//! quickly and bounded.
 //!
 //! Tests skip visibly without an engine or image, and fail under `CI=true`.
 
@@ -19,9 +22,12 @@ use dormouse_broker::engine::Engine;
 use dormouse_broker::guest::{GuestError, GuestRelay, GuestSocket};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
+use dormouse_broker::screen::{OwnerScreenHost, ScreenHost};
 use dormouse_e2e::{desktop_image, docker_available, TempDir};
 use dormouse_protocol::api::CreateComputer;
+use dormouse_protocol::screen::ScreenMode;
 use engine_support::{broker_config, engine_events, engine_now, log, wait_ready, RunGuard};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const READY_LIMIT: Duration = Duration::from_secs(90);
 
@@ -87,7 +93,23 @@ async fn a_broker_reaches_its_desktops_only_through_the_bridge() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
     assert!(png.len() > 1000, "{} bytes", png.len());
 
-    // The engine saw the bridge being run (its exec events name the command).
+    // The live screen through the bridge: admitted, then RFB up to the
+    // server's init, whose size is the screenshot's.
+    let host = OwnerScreenHost::new(broker.clone());
+    host.admit(created.id, ScreenMode::View, None)
+        .await
+        .unwrap();
+    let vnc = host.connect_vnc(created.id).await.unwrap();
+    let (width, height) = tokio::time::timeout(Duration::from_secs(30), rfb_size(vnc))
+        .await
+        .expect("the VNC stream answers in time");
+    let png_size = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((u32::from(width), u32::from(height)), png_size);
+
+    // The engine saw the bridges being run (its exec events name the command).
     let until = engine_now();
     let execs: Vec<String> = engine_events(&guard, &since, &until)
         .into_iter()
@@ -99,6 +121,12 @@ async fn a_broker_reaches_its_desktops_only_through_the_bridge() {
             .iter()
             .any(|e| e.contains("dormouse-supervisor bridge")),
         "no bridge exec among {execs:?}"
+    );
+    assert!(
+        execs
+            .iter()
+            .any(|e| e.contains("dormouse-supervisor bridge-vnc")),
+        "no VNC bridge exec among {execs:?}"
     );
 
     // Hostile streams on the same path: a flood of noise, and a close.
@@ -130,4 +158,24 @@ async fn a_broker_reaches_its_desktops_only_through_the_bridge() {
 
     // The real bridge still works afterwards.
     assert!(broker.screenshot(created.id).await.is_ok());
+}
+
+/// RFB 3.8 without authentication up to the server's init: its framebuffer
+/// size.
+async fn rfb_size(mut vnc: tokio::net::UnixStream) -> (u16, u16) {
+    let mut banner = [0u8; 12];
+    vnc.read_exact(&mut banner).await.unwrap();
+    assert!(banner.starts_with(b"RFB 003."), "{banner:?}");
+    vnc.write_all(b"RFB 003.008\n").await.unwrap();
+    let count = vnc.read_u8().await.unwrap();
+    assert!(count > 0, "the server refused the handshake");
+    let mut types = vec![0u8; usize::from(count)];
+    vnc.read_exact(&mut types).await.unwrap();
+    assert!(types.contains(&1), "no security type None among {types:?}");
+    vnc.write_all(&[1]).await.unwrap();
+    assert_eq!(vnc.read_u32().await.unwrap(), 0, "security result");
+    vnc.write_all(&[1]).await.unwrap(); // shared
+    let width = vnc.read_u16().await.unwrap();
+    let height = vnc.read_u16().await.unwrap();
+    (width, height)
 }

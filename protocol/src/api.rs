@@ -182,6 +182,105 @@ pub struct Orphan {
     pub state: String,
 }
 
+/// Declares [`ErrorCode`]: each code once, with its wire name and HTTP
+/// status, so a new code cannot be left without a status.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal => $status:literal,)+) => {
+        /// Every stable code an API error carries (`error.code`), with the
+        /// HTTP status the broker answers it with.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum ErrorCode {
+            $($(#[$doc])* #[serde(rename = $name)] $variant,)+
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [ErrorCode] = &[$(Self::$variant),+];
+
+            /// The code on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+
+            /// The HTTP status of an answer with this code.
+            pub fn http_status(self) -> u16 {
+                match self {
+                    $(Self::$variant => $status,)+
+                }
+            }
+
+            /// The code named `name` on the wire, if this version knows it.
+            pub fn parse(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// The request could not be understood.
+    BadRequest = "bad_request" => 400,
+    /// A batch of actions is malformed or invalid.
+    InvalidActions = "invalid_actions" => 400,
+    /// No token or a wrong one.
+    Unauthorized = "unauthorized" => 401,
+    /// A screen route without a screen token.
+    ScreenTokenRequired = "screen_token_required" => 401,
+    /// A screen token that is wrong, expired or revoked.
+    InvalidScreenToken = "invalid_screen_token" => 401,
+    /// No such computer (or file, or capability).
+    NotFound = "not_found" => 404,
+    /// Nothing is served at this path.
+    NoRoute = "no_route" => 404,
+    /// The route does not accept the method.
+    MethodNotAllowed = "method_not_allowed" => 405,
+    /// The request body did not arrive in time.
+    RequestTimeout = "request_timeout" => 408,
+    /// The computer's state does not allow the request.
+    WrongState = "wrong_state" => 409,
+    /// The desktop is not running and ready (live screen).
+    NotReady = "not_ready" => 409,
+    /// A stopped desktop that may not be resumed.
+    NotResumable = "not_resumable" => 409,
+    /// The caller's generation is not the lease's.
+    StaleGeneration = "stale_generation" => 409,
+    /// Another holder has the lease.
+    LeaseHeld = "lease_held" => 409,
+    /// The broker runs as many desktops as it may.
+    Capacity = "capacity" => 409,
+    /// The computer has as many screen capabilities as it may.
+    TooManyScreens = "too_many_screens" => 409,
+    /// The state changed between admission and the answer; ask again.
+    StateChanged = "state_changed" => 409,
+    /// The body is over the limit.
+    PayloadTooLarge = "payload_too_large" => 413,
+    /// The image is missing or not a Dormouse image.
+    Image = "image" => 422,
+    /// A WebSocket route asked without a WebSocket upgrade.
+    WebsocketRequired = "websocket_required" => 426,
+    /// A screen capability has as many connections as it may.
+    TooManyConnections = "too_many_connections" => 429,
+    /// The broker failed.
+    Internal = "internal" => 500,
+    /// The guest failed or misbehaved.
+    Guest = "guest" => 502,
+    /// The container engine cannot be reached.
+    EngineUnavailable = "engine_unavailable" => 503,
+    /// The desktop's screen cannot be reached.
+    ScreenUnavailable = "screen_unavailable" => 503,
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The body of every API error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiError {
@@ -201,6 +300,20 @@ pub struct ApiErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_code_has_one_name_and_an_error_status() {
+        let mut names = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(names.insert(code.as_str()), "{code} twice");
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(*code));
+            assert!((400..600).contains(&code.http_status()), "{code}");
+            let wire = serde_json::to_value(code).unwrap();
+            assert_eq!(wire, serde_json::Value::from(code.as_str()));
+        }
+        assert_eq!(ErrorCode::parse("no_such_code"), None);
+        assert_eq!(ErrorCode::StaleGeneration.http_status(), 409);
+    }
 
     #[test]
     fn unknown_create_fields_are_refused() {

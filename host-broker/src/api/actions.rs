@@ -9,7 +9,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use dormouse_protocol::actions::{ActionBatch, ActionResults, BatchError};
+use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::api::ErrorCode;
 
 use super::error::HttpError;
 use super::extract::{ComputerId, Generation};
@@ -34,12 +35,7 @@ pub async fn run(
             HttpError::bad_request("the request body could not be read")
         }
     })?;
-    let batch: ActionBatch = serde_json::from_slice(&body).map_err(|e| {
-        HttpError::new(
-            StatusCode::BAD_REQUEST,
-            BatchError::CODE,
-            format!("malformed batch: {e}"),
-        )
-    })?;
+    let batch: ActionBatch = serde_json::from_slice(&body)
+        .map_err(|e| HttpError::new(ErrorCode::InvalidActions, format!("malformed batch: {e}")))?;
     Ok(Json(state.broker.actions(id, fence, batch).await?))
 }

@@ -12,10 +12,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::Response;
-use sha2::{Digest, Sha256};
 
 use super::error::HttpError;
 use super::ApiState;
+use crate::secret::SecretDigest;
 
 /// Route that also accepts the token outside the `Authorization` header,
 /// because a browser's `WebSocket` cannot set headers.
@@ -30,11 +30,10 @@ pub const EVENTS_SUBPROTOCOL: &str = "dormouse.v1";
 
 /// The broker's API token, replaceable at run time (SIGHUP re-reads the file).
 ///
-/// Only a SHA-256 digest is kept, so comparison is over fixed-length values
-/// whatever the presented token's length.
+/// Only its digest is kept ([`SecretDigest`]), compared in constant time.
 #[derive(Clone)]
 pub struct ApiToken {
-    digest: Arc<RwLock<[u8; 32]>>,
+    digest: Arc<RwLock<SecretDigest>>,
 }
 
 impl std::fmt::Debug for ApiToken {
@@ -47,13 +46,13 @@ impl ApiToken {
     /// A token that accepts exactly `token`.
     pub fn new(token: &str) -> Self {
         Self {
-            digest: Arc::new(RwLock::new(digest(token))),
+            digest: Arc::new(RwLock::new(SecretDigest::of(token))),
         }
     }
 
     /// Replaces the accepted token; requests in flight finish with the old one.
     pub fn replace(&self, token: &str) {
-        let new = digest(token);
+        let new = SecretDigest::of(token);
         match self.digest.write() {
             Ok(mut guard) => *guard = new,
             // A poisoned lock only means a panic elsewhere while holding it;
@@ -64,27 +63,12 @@ impl ApiToken {
 
     /// Whether `presented` is the token, in constant time.
     pub fn verify(&self, presented: &str) -> bool {
-        let presented = digest(presented);
         let current = match self.digest.read() {
             Ok(guard) => *guard,
             Err(poisoned) => *poisoned.into_inner(),
         };
-        constant_time_eq(&current, &presented)
+        current.matches(presented)
     }
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
-/// Compares without an early exit, so timing does not tell how many leading
-/// bytes matched.
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let diff = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
 }
 
 /// Middleware: refuses a request without the right token with 401.

@@ -160,3 +160,14 @@ fn check_label(field: &str, value: &str) -> Result<(), HttpError> {
     }
     Ok(())
 }
+
+/// `DELETE /v1/computers/{id}/lease`: gives the lease back (fenced by
+/// `Dormouse-Generation`); `204`, also when no live lease exists.
+pub async fn release_lease(
+    State(state): State<ApiState>,
+    ComputerId(id): ComputerId,
+    Generation(fence): Generation,
+) -> Result<StatusCode, HttpError> {
+    state.broker.release_lease(id, fence).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

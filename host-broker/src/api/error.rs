@@ -12,7 +12,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormouse_protocol::api::{ApiError as ApiErrorDto, ApiErrorBody};
+use dormouse_protocol::api::{ApiError as ApiErrorDto, ApiErrorBody, ErrorCode};
 
 use crate::engine::EngineError;
 use crate::error::BrokerError;
@@ -22,13 +22,28 @@ use crate::workspace::ErrorClass as WorkspaceClass;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
+/// The HTTP status of `code` ([`ErrorCode::http_status`], the one table).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 impl HttpError {
-    /// An error with an explicit status and code.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// An error with `code`, answered with the code's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            status: status_of(code),
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// An error whose status a rejection of the HTTP library decided (a
+    /// WebSocket upgrade refused as `400`, `405` or `426`).
+    pub fn with_status(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -38,14 +53,13 @@ impl HttpError {
 
     /// 400 `bad_request`: the request could not be understood.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        Self::new(ErrorCode::BadRequest, message)
     }
 
     /// 401 `unauthorized`: no token or a wrong one.
     pub fn unauthorized() -> Self {
         Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "a valid bearer token is required (Authorization: Bearer <token>)",
         )
     }
@@ -53,22 +67,20 @@ impl HttpError {
     /// 413 `payload_too_large`: the body is over the limit.
     pub fn payload_too_large(limit: usize) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!("the request body is larger than {limit} bytes"),
         )
     }
 
     /// 404 `no_route`: nothing is served at this path.
     pub fn no_route() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "no_route", "no such route")
+        Self::new(ErrorCode::NoRoute, "no such route")
     }
 
     /// 405 `method_not_allowed`.
     pub fn method_not_allowed() -> Self {
         Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "this route does not accept that method",
         )
     }
@@ -80,6 +92,11 @@ impl HttpError {
 
     /// The stable code.
     pub fn code(&self) -> &'static str {
+        self.code.as_str()
+    }
+
+    /// The stable code, typed.
+    pub fn error_code(&self) -> ErrorCode {
         self.code
     }
 
@@ -90,57 +107,53 @@ impl HttpError {
 }
 
 impl BrokerError {
-    /// Stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    /// Stable machine-readable code, typed.
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            Self::NotFound(_) => "not_found",
-            Self::BadRequest(_) => "bad_request",
-            Self::InvalidActions(_) => dormouse_protocol::actions::BatchError::CODE,
-            Self::WrongState(_) => "wrong_state",
-            Self::NotResumable(_) => "not_resumable",
-            Self::StaleGeneration { .. } => "stale_generation",
-            Self::LeaseHeld { .. } => "lease_held",
-            Self::Capacity { .. } => "capacity",
-            Self::Image(_) => "image",
-            Self::Engine(EngineError::Unavailable(_)) => "engine_unavailable",
-            Self::Engine(EngineError::NotFound(_) | EngineError::Conflict(_)) => "wrong_state",
-            Self::Engine(EngineError::Failed(_)) => "internal",
-            Self::Guest(_) | Self::GuestFailed(_) => "guest",
-            Self::Store(_) | Self::Internal(_) => "internal",
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::InvalidActions(_) => ErrorCode::InvalidActions,
+            Self::WrongState(_) => ErrorCode::WrongState,
+            Self::NotResumable(_) => ErrorCode::NotResumable,
+            Self::StaleGeneration { .. } => ErrorCode::StaleGeneration,
+            Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
+            Self::Capacity { .. } => ErrorCode::Capacity,
+            Self::Image(_) => ErrorCode::Image,
+            Self::Engine(EngineError::Unavailable(_)) => ErrorCode::EngineUnavailable,
+            Self::Engine(EngineError::NotFound(_) | EngineError::Conflict(_)) => {
+                ErrorCode::WrongState
+            }
+            Self::Engine(EngineError::Failed(_)) => ErrorCode::Internal,
+            Self::Guest(_) | Self::GuestFailed(_) => ErrorCode::Guest,
+            Self::Store(_) | Self::Internal(_) => ErrorCode::Internal,
             Self::Workspace(e) => match e.class() {
-                WorkspaceClass::BadRequest => "bad_request",
-                WorkspaceClass::NotFound => "not_found",
-                WorkspaceClass::Conflict => "wrong_state",
-                WorkspaceClass::TooLarge => "payload_too_large",
-                WorkspaceClass::Internal => "internal",
+                WorkspaceClass::BadRequest => ErrorCode::BadRequest,
+                WorkspaceClass::NotFound => ErrorCode::NotFound,
+                WorkspaceClass::Conflict => ErrorCode::WrongState,
+                WorkspaceClass::TooLarge => ErrorCode::PayloadTooLarge,
+                WorkspaceClass::Internal => ErrorCode::Internal,
             },
         }
     }
 
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
+    }
+
     /// The HTTP status the API answers with.
     pub fn http_status(&self) -> u16 {
-        match self.code() {
-            "not_found" => 404,
-            "bad_request" | "invalid_actions" => 400,
-            "wrong_state" | "not_resumable" | "stale_generation" | "lease_held" | "capacity" => 409,
-            "image" => 422,
-            "payload_too_large" => 413,
-            "engine_unavailable" => 503,
-            "guest" => 502,
-            _ => 500,
-        }
+        self.error_code().http_status()
     }
 }
 
 impl From<BrokerError> for HttpError {
     fn from(err: BrokerError) -> Self {
-        let status =
-            StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if std::error::Error::source(&err).is_some() {
             // The detail stays here; the client gets the safe message.
             tracing::warn!(code = err.code(), detail = %err.detail(), "request failed");
         }
-        Self::new(status, err.code(), err.to_string())
+        Self::new(err.error_code(), err.to_string())
     }
 }
 
@@ -150,7 +163,7 @@ impl std::fmt::Display for HttpError {
             f,
             "{} {}: {}",
             self.status.as_u16(),
-            self.code,
+            self.code.as_str(),
             self.message
         )
     }
@@ -161,11 +174,11 @@ impl std::error::Error for HttpError {}
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::warn!(code = self.code, message = %self.message, "request failed");
+            tracing::warn!(code = self.code.as_str(), message = %self.message, "request failed");
         }
         let body = ApiErrorDto {
             error: ApiErrorBody {
-                code: self.code.to_owned(),
+                code: self.code.as_str().to_owned(),
                 message: self.message,
             },
         };

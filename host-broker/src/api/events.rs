@@ -13,6 +13,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::State;
 use axum::response::Response;
 use dormouse_protocol::api::BrokerEvent;
+use dormouse_protocol::api::ErrorCode;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
@@ -37,9 +38,9 @@ pub async fn events(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, HttpError> {
     let upgrade = upgrade.map_err(|rejection| {
-        HttpError::new(
+        HttpError::with_status(
             rejection.status(),
-            "websocket_required",
+            ErrorCode::WebsocketRequired,
             format!("/v1/events is a WebSocket: {rejection}"),
         )
     })?;

@@ -8,8 +8,8 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
-use dormouse_protocol::api::GENERATION_HEADER;
+use axum::http::{HeaderMap, StatusCode};
+use dormouse_protocol::api::{ErrorCode, GENERATION_HEADER};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -46,28 +46,35 @@ impl<S: Send + Sync> FromRequestParts<S> for Generation {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut values = parts.headers.get_all(GENERATION_HEADER).iter();
-        let Some(value) = values.next() else {
-            return Ok(Self(None));
-        };
-        if values.next().is_some() {
-            return Err(HttpError::bad_request(format!(
-                "{GENERATION_HEADER} was sent more than once"
-            )));
-        }
-        value
-            .to_str()
-            .ok()
-            .map(str::trim)
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|g| Self(Some(g)))
-            .ok_or_else(|| {
-                HttpError::bad_request(format!(
-                    "{GENERATION_HEADER} must be a non-negative integer"
-                ))
-            })
+        parse_generation(&parts.headers).map(Self)
     }
+}
+
+/// `Dormouse-Generation`, if sent: once, and nothing but ASCII digits
+/// (around them, only whitespace; no sign). The one parser of the header,
+/// for every route that takes it (the screen routes too).
+pub fn parse_generation(headers: &HeaderMap) -> Result<Fence, HttpError> {
+    let mut values = headers.get_all(GENERATION_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(HttpError::bad_request(format!(
+            "{GENERATION_HEADER} was sent more than once"
+        )));
+    }
+    value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            HttpError::bad_request(format!(
+                "{GENERATION_HEADER} must be a non-negative integer"
+            ))
+        })
 }
 
 /// A JSON body parsed strictly into `T`.
@@ -92,8 +99,7 @@ where
                 HttpError::payload_too_large(BODY_LIMIT)
             } else if let Some(late) = body_timed_out(&rejection) {
                 HttpError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
+                    ErrorCode::RequestTimeout,
                     format!(
                         "the request body did not arrive within {}",
                         humantime::format_duration(late.0)

@@ -17,10 +17,10 @@ pub mod auth;
 mod computers;
 pub mod error;
 mod events;
-mod exec;
-mod extract;
+pub mod extract;
 mod panel;
-pub mod screens;
+mod processes;
+pub mod screen_state;
 mod workspace;
 
 use std::sync::Arc;
@@ -73,7 +73,7 @@ impl ApiState {
     /// State around a broker handle, with a shutdown signal of its own.
     pub fn new(broker: BrokerHandle, metrics: Arc<Metrics>, token: ApiToken) -> Self {
         Self {
-            screens: screens::unwired(&broker),
+            screens: screen_state::unwired(&broker),
             novnc: crate::screen::viewer::NovncDir(None),
             broker,
             metrics,
@@ -214,7 +214,7 @@ impl Routes {
                 Token,
                 Method::DELETE,
                 "/v1/computers/{id}/lease",
-                screens::release_lease,
+                computers::release_lease,
             )
             .add(
                 Token,
@@ -262,13 +262,13 @@ impl Routes {
                 Token,
                 Method::POST,
                 "/v1/computers/{id}/exec",
-                exec::exec.layer(DefaultBodyLimit::max(exec::EXEC_BODY_LIMIT)),
+                processes::exec.layer(DefaultBodyLimit::max(processes::EXEC_BODY_LIMIT)),
             )
             .add(
                 Token,
                 Method::GET,
                 "/v1/computers/{id}/exec/ws",
-                exec::exec_ws,
+                processes::exec_ws,
             )
             .workspace_routes()
     }

@@ -9,7 +9,7 @@
 
 pub mod listen;
 pub mod logging;
-pub mod screens;
+pub mod screen_gateway;
 pub mod serve;
 pub mod systemd;
 pub mod token;
@@ -307,7 +307,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     let mut state = ApiState::new(broker, metrics, token.clone());
     state.shutdown = shutdown.clone();
     state.engine = engine;
-    screens::wire(&mut state, &data_dir, &args.novnc_dir, &shutdown);
+    screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,

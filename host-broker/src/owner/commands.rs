@@ -13,13 +13,13 @@ use dormouse_protocol::api::{
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::admission::check_fence;
 use super::computer::{Computer, PendingTakeover};
 use super::ops::OpKind;
 use super::{disarm_idle, stop_follower, takeover_grace, Internal, Owner};
 use crate::command::{Command, Fence, Reply};
 use crate::engine::ImageInfo;
 use crate::error::BrokerError;
-use crate::guest;
 use crate::idle::{IdleTimer, MAX_WINDOW, MIN_WINDOW};
 use crate::lifecycle::create;
 use crate::reconcile::{EngineView, Orphan};
@@ -67,14 +67,13 @@ impl Owner {
                 self.actions((id, fence, batch), reply).send();
             }
             Command::Orphans(reply) => self.orphans((), reply).send(),
-            Command::AdmitExec(id, fence, reply) => self.admit_exec((id, fence), reply).send(),
+            Command::AdmitGuest(id, fence, purpose, reply) => {
+                self.admit_guest((id, fence, purpose), reply).send();
+            }
             Command::Workspace(id, access, reply) => self.workspace((id, access), reply).send(),
             Command::Disk(id, reply) => self.disk(id, reply).send(),
             Command::Import(id, fence, body, reply) => self.import((id, fence, body), reply).send(),
             Command::ImportSlot(request, reply) => self.import_slot(request, reply).send(),
-            Command::ScreenAdmit(id, mode, fence, reply) => {
-                self.screen_admit((id, fence, mode), reply).send();
-            }
             Command::ReleaseLease(id, fence, reply) => {
                 self.release_lease((id, fence, ()), reply).send()
             }
@@ -103,15 +102,7 @@ impl Owner {
             .computers
             .get_mut(&id)
             .ok_or(BrokerError::NotFound(id))?;
-        if let Err(e) = lease::check_fence(
-            c.record.lease.as_ref(),
-            c.record.generation,
-            fence,
-            Utc::now(),
-        ) {
-            self.metrics.fencing_rejection();
-            return Err(e);
-        }
+        check_fence(&self.metrics, c, fence)?;
         if matches!(c.op.as_ref().map(|o| o.kind()), Some(OpKind::Remove { .. })) {
             return Err(BrokerError::WrongState(
                 "the computer is being removed".into(),
@@ -470,26 +461,5 @@ impl Owner {
             holder: granted.holder,
             expires_at: granted.expires_at,
         })
-    }
-
-    fn screenshot(&mut self, id: Uuid, reply: Reply<Vec<u8>>) -> Answer<Vec<u8>> {
-        let Some(c) = self.computers.get(&id) else {
-            return Answer::Now(reply, Err(BrokerError::NotFound(id)));
-        };
-        if !c.engine.is_up() {
-            let e = BrokerError::WrongState("the desktop is not running".into());
-            return Answer::Now(reply, Err(e));
-        }
-        // Reading the screen is not activity: the idle timer is left alone.
-        let socket = self.ctx.socket(id);
-        self.tasks.spawn(async move {
-            let bound = guest::CONNECT_TIMEOUT + guest::SCREENSHOT_TIMEOUT;
-            let result = match tokio::time::timeout(bound, guest::screenshot(&socket)).await {
-                Ok(result) => result.map_err(BrokerError::from),
-                Err(_) => Err(BrokerError::GuestFailed("no screenshot in time".into())),
-            };
-            let _ = reply.send(result);
-        });
-        Answer::Later
     }
 }

@@ -19,7 +19,6 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use dormouse_protocol::api::CreateComputer;
 use uuid::Uuid;
@@ -30,9 +29,9 @@ use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
-use crate::guest::{self, GuestError, QuiesceHold};
-use crate::lifecycle::{stop, OpContext};
+use crate::guest::QuiesceHold;
 use crate::reconcile::EngineView;
+use crate::relay::{self, Purpose};
 use crate::store::Paths;
 use crate::workspace::{
     self, disk_usage, replace_from_tar, ChannelReader, DiskUsage, ImportSummary, WorkspaceRoot,
@@ -117,9 +116,13 @@ impl Owner {
         let running = self.computers.get(&id).is_some_and(|c| c.engine.is_up());
         match access {
             WorkspaceAccess::Export { quiesce: true } if running => {
-                let ctx = self.ctx.clone();
+                let ticket = match self.decide_guest(id, None, Purpose::ExportQuiesce) {
+                    Ok(ticket) => ticket,
+                    Err(e) => return Answer::Now(reply, Err(e)),
+                };
+                let limit = self.ctx.config.quiesce_timeout;
                 self.tasks.spawn(async move {
-                    let (quiesced, hold) = hold_quiesce(&ctx, id).await;
+                    let (quiesced, hold) = relay::hold_quiesce(&ticket, limit).await;
                     // A caller that went away drops the grant: the hold ends.
                     let _ = reply.send(Ok(WorkspaceGrant {
                         quiesced,
@@ -246,35 +249,6 @@ impl Owner {
             slot = Uuid::new_v4();
         }
         Answer::Now(reply, Ok(self.grant(slot)))
-    }
-}
-
-/// Quiesces a running desktop for an export, bounded like a stop's quiesce:
-/// held ([`QuiesceHold`]) when the guest knows `quiesce_hold`, the plain
-/// quiesce (browsers stay closed) when it is older. `false`: not quiesced
-/// (the export goes on regardless).
-async fn hold_quiesce(ctx: &OpContext, id: Uuid) -> (bool, Option<QuiesceHold>) {
-    let limit = ctx.config.quiesce_timeout;
-    let bound = guest::CONNECT_TIMEOUT + limit + Duration::from_secs(1);
-    let socket = ctx.socket(id);
-    let held = async { socket.connect().await?.quiesce_hold(limit).await };
-    match tokio::time::timeout(bound, held).await {
-        Ok(Ok((done, hold))) => {
-            tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced for an export, held until it ends");
-            (true, Some(hold))
-        }
-        Ok(Err(GuestError::Refused { code, .. })) if code == "unknown_kind" => {
-            tracing::info!(computer = %id, "the guest cannot hold a quiesce; its browsers stay closed after the export");
-            (stop::quiesce(ctx, id).await.is_some(), None)
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(computer = %id, error = %e, "quiesce for an export failed; exporting anyway");
-            (false, None)
-        }
-        Err(_) => {
-            tracing::warn!(computer = %id, "quiesce for an export did not answer in {bound:?}; exporting anyway");
-            (false, None)
-        }
     }
 }
 

@@ -22,7 +22,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
-use dormouse_protocol::api::GENERATION_HEADER;
+use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::screen::{
     CreateScreen, ScreenMode, DEFAULT_SCREEN_TTL_MS, RFB_SUBPROTOCOL, SCREEN_SUBPROTOCOL_PREFIX,
 };
@@ -31,6 +31,7 @@ use uuid::Uuid;
 use super::registry::RegistryError;
 use super::relay::{relay, RelaySession};
 use super::{Refusal, ScreenGateway};
+use crate::api::extract::parse_generation;
 use crate::api::HttpError;
 
 /// Path of the mint and list routes.
@@ -42,23 +43,21 @@ pub const RFB_PATH: &str = "/v1/screens/{screen_id}/rfb";
 
 impl From<Refusal> for HttpError {
     fn from(r: Refusal) -> Self {
-        HttpError::new(r.status, r.code, r.message)
+        HttpError::new(r.code, r.message)
     }
 }
 
 impl From<RegistryError> for HttpError {
     fn from(e: RegistryError) -> Self {
-        let (status, code) = match e {
-            RegistryError::BadTtl => (StatusCode::BAD_REQUEST, "bad_request"),
-            RegistryError::TooManyScreens => (StatusCode::CONFLICT, "too_many_screens"),
-            RegistryError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-            RegistryError::BadToken => (StatusCode::UNAUTHORIZED, "invalid_screen_token"),
-            RegistryError::Raced => (StatusCode::CONFLICT, "state_changed"),
-            RegistryError::TooManyConnections => {
-                (StatusCode::TOO_MANY_REQUESTS, "too_many_connections")
-            }
+        let code = match e {
+            RegistryError::BadTtl => ErrorCode::BadRequest,
+            RegistryError::TooManyScreens => ErrorCode::TooManyScreens,
+            RegistryError::NotFound => ErrorCode::NotFound,
+            RegistryError::BadToken => ErrorCode::InvalidScreenToken,
+            RegistryError::Raced => ErrorCode::StateChanged,
+            RegistryError::TooManyConnections => ErrorCode::TooManyConnections,
         };
-        HttpError::new(status, code, e.to_string())
+        HttpError::new(code, e.to_string())
     }
 }
 
@@ -76,29 +75,6 @@ fn parse_id(raw: &str, what: &str) -> Result<Uuid, HttpError> {
     Uuid::parse_str(raw).map_err(|_| HttpError::bad_request(format!("{what} is not a UUID")))
 }
 
-/// `Dormouse-Generation`, if sent once and well-formed.
-fn generation(headers: &HeaderMap) -> Result<Option<u64>, HttpError> {
-    let mut values = headers.get_all(GENERATION_HEADER).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(HttpError::bad_request(format!(
-            "{GENERATION_HEADER} was sent more than once"
-        )));
-    }
-    first
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            HttpError::bad_request(format!(
-                "{GENERATION_HEADER} must be a non-negative integer"
-            ))
-        })
-}
-
 /// `POST /v1/computers/{id}/screens`.
 pub async fn create(
     State(gw): State<ScreenGateway>,
@@ -107,7 +83,7 @@ pub async fn create(
     body: Bytes,
 ) -> Result<Response, HttpError> {
     let computer = parse_id(&id, "the computer id")?;
-    let fence = generation(&headers)?;
+    let fence = parse_generation(&headers)?;
     let request: CreateScreen = serde_json::from_slice(&body)
         .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
     let ttl_ms = request.ttl_ms.unwrap_or(DEFAULT_SCREEN_TTL_MS);
@@ -188,8 +164,7 @@ fn screen_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
 
 fn token_required() -> HttpError {
     HttpError::new(
-        StatusCode::UNAUTHORIZED,
-        "screen_token_required",
+        ErrorCode::ScreenTokenRequired,
         "this route takes a screen token (subprotocol dormouse.screen.<token> or ?token=); \
          the broker's bearer token is not accepted here",
     )
@@ -208,9 +183,9 @@ pub async fn rfb(
     let ticket = gw.registry.authorize(screen_id, &token)?;
     drop(token);
     let upgrade = upgrade.map_err(|rejection| {
-        HttpError::new(
+        HttpError::with_status(
             rejection.status(),
-            "websocket_required",
+            ErrorCode::WebsocketRequired,
             format!("this route is a WebSocket: {rejection}"),
         )
     })?;
@@ -254,6 +229,7 @@ pub async fn rfb(
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use dormouse_protocol::api::GENERATION_HEADER;
 
     #[test]
     fn the_screen_token_comes_from_the_subprotocol_or_the_query_only() {
@@ -283,13 +259,15 @@ mod tests {
     #[test]
     fn the_generation_header_is_strict() {
         let mut h = HeaderMap::new();
-        assert_eq!(generation(&h).unwrap(), None);
+        assert_eq!(parse_generation(&h).unwrap(), None);
         h.insert(GENERATION_HEADER, HeaderValue::from_static("12"));
-        assert_eq!(generation(&h).unwrap(), Some(12));
+        assert_eq!(parse_generation(&h).unwrap(), Some(12));
         h.append(GENERATION_HEADER, HeaderValue::from_static("12"));
-        assert!(generation(&h).is_err());
-        let mut h = HeaderMap::new();
-        h.insert(GENERATION_HEADER, HeaderValue::from_static("-1"));
-        assert!(generation(&h).is_err());
+        assert!(parse_generation(&h).is_err());
+        for bad in ["-1", "+5", "", "1 2", "0x1"] {
+            let mut h = HeaderMap::new();
+            h.insert(GENERATION_HEADER, HeaderValue::from_static(bad));
+            assert!(parse_generation(&h).is_err(), "{bad:?} accepted");
+        }
     }
 }

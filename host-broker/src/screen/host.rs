@@ -1,8 +1,9 @@
-//! The broker's [`ScreenHost`]: admission by the owner (the one task that
-//! decides leases, so the fence and the generation it answers cannot be
-//! raced), and connections to a computer's `vnc.sock` through
-//! [`RunDir::connect`], the same race-free, no-follow, owner-checked connect
-//! as the supervisor socket.
+//! The broker's [`ScreenHost`]: admission by the owner through the one
+//! admission of guest calls ([`crate::relay`]; the task that decides leases,
+//! so the fence and the generation it answers cannot be raced), and
+//! connections to a computer's VNC server over the ticket's guest channel
+//! ([`relay::vnc`]): the run directory's `vnc.sock`, opened race-free and
+//! owner-checked like the supervisor socket, or the engine's exec bridge.
 //!
 //! It never decides anything itself and never opens a guest path another
 //! way.
@@ -12,35 +13,33 @@ use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
-use super::{Refusal, ScreenHost, VNC_SOCKET_FILE_NAME};
+use super::{Refusal, ScreenHost};
 use crate::api::HttpError;
 use crate::command::BrokerHandle;
 use crate::error::BrokerError;
-use crate::guest::RunDir;
-use crate::store::Paths;
+use crate::relay::{self, Purpose};
 
-/// [`ScreenHost`] over the owner and the data directory.
+/// [`ScreenHost`] over the owner.
 #[derive(Debug, Clone)]
 pub struct OwnerScreenHost {
     broker: BrokerHandle,
-    paths: Paths,
 }
 
 impl OwnerScreenHost {
-    /// Admission through `broker`; run directories beneath `paths`.
-    pub fn new(broker: BrokerHandle, paths: Paths) -> Self {
-        Self { broker, paths }
+    /// Admission and guest channels through `broker`.
+    pub fn new(broker: BrokerHandle) -> Self {
+        Self { broker }
     }
 }
 
 /// The owner's refusal as the gateway's: a desktop that is not running or
-/// ready is `not_ready`; the rest keep their API status and code.
+/// ready is `not_ready`; the rest keep their API code (and message).
 fn refusal(e: BrokerError) -> Refusal {
     if let BrokerError::WrongState(why) = &e {
         return Refusal::not_ready(why.clone());
     }
     let http = HttpError::from(e);
-    Refusal::new(http.status(), http.code(), http.message())
+    Refusal::new(http.error_code(), http.message())
 }
 
 impl ScreenHost for OwnerScreenHost {
@@ -56,21 +55,28 @@ impl ScreenHost for OwnerScreenHost {
     ) -> BoxFuture<'_, Result<u64, Refusal>> {
         Box::pin(async move {
             self.broker
-                .screen_admit(computer, mode, generation)
+                .admit_guest(computer, generation, Purpose::Screen(mode))
                 .await
+                .map(|ticket| ticket.generation)
                 .map_err(refusal)
         })
     }
 
     fn connect_vnc(&self, computer: Uuid) -> BoxFuture<'_, Result<UnixStream, Refusal>> {
         Box::pin(async move {
-            RunDir::new(self.paths.run_dir(computer))
-                .connect(VNC_SOCKET_FILE_NAME)
+            let unreachable = || Refusal::unavailable("the desktop's screen cannot be reached");
+            let ticket = self
+                .broker
+                .admit_guest(computer, None, Purpose::ScreenConnection)
                 .await
                 .map_err(|e| {
-                    tracing::debug!(computer = %computer, error = %e, "vnc socket unreachable");
-                    Refusal::unavailable("the desktop's screen cannot be reached")
-                })
+                    tracing::debug!(computer = %computer, error = %e, "vnc connection not admitted");
+                    unreachable()
+                })?;
+            relay::vnc(&ticket).await.map_err(|e| {
+                tracing::debug!(computer = %computer, error = %e, "vnc socket unreachable");
+                unreachable()
+            })
         })
     }
 }

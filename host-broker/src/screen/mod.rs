@@ -24,7 +24,7 @@ pub mod viewer;
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
+use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::screen::ScreenMode;
 use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
@@ -39,51 +39,48 @@ pub use rfb::{RfbFilter, RfbViolation};
 /// File name of the VNC server's socket inside a computer's run directory.
 pub use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
 
-/// A refusal of the [`ScreenHost`]: status, stable code and a message safe
-/// to show (the owner's own errors map onto it one to one).
+/// A refusal of the [`ScreenHost`]: a stable code and a message safe to
+/// show (the owner's own errors map onto it one to one). Its HTTP status is
+/// the code's ([`ErrorCode::http_status`]), chosen by the HTTP layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
-    /// HTTP status of the answer.
-    pub status: StatusCode,
     /// Stable machine-readable code.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// For people.
     pub message: String,
 }
 
 impl Refusal {
     /// Any refusal.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
             code,
             message: message.into(),
         }
     }
 
-    /// 404 `not_found`: no such computer.
+    /// `not_found`: no such computer.
     pub fn not_found() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", "no such computer")
+        Self::new(ErrorCode::NotFound, "no such computer")
     }
 
-    /// 409 `not_ready`: the desktop is not running and ready.
+    /// `not_ready`: the desktop is not running and ready.
     pub fn not_ready(why: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "not_ready", why)
+        Self::new(ErrorCode::NotReady, why)
     }
 
-    /// 409 `stale_generation`: the fence refused the caller.
+    /// `stale_generation`: the fence refused the caller.
     pub fn stale_generation(current: u64) -> Self {
         Self::new(
-            StatusCode::CONFLICT,
-            "stale_generation",
+            ErrorCode::StaleGeneration,
             format!("the lease generation is {current}; send it as Dormouse-Generation"),
         )
     }
 
-    /// 503 `screen_unavailable`: the desktop's VNC socket cannot be reached.
+    /// `screen_unavailable`: the desktop's VNC socket cannot be reached.
     pub fn unavailable(why: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "screen_unavailable", why)
+        Self::new(ErrorCode::ScreenUnavailable, why)
     }
 }
 

@@ -23,10 +23,11 @@ use dormouse_protocol::screen::{
     MIN_SCREEN_TTL_MS,
 };
 use rand::RngCore;
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
+
+use crate::secret::SecretDigest;
 
 /// Live capabilities one computer may have at once.
 pub const MAX_SCREENS_PER_COMPUTER: usize = 64;
@@ -85,7 +86,7 @@ struct Entry {
     computer: Uuid,
     mode: ScreenMode,
     generation: Option<u64>,
-    digest: [u8; 32],
+    digest: SecretDigest,
     created_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     deadline: Instant,
@@ -193,7 +194,7 @@ impl ScreenRegistry {
                 computer,
                 mode,
                 generation: (mode == ScreenMode::Control).then_some(generation),
-                digest: digest(&token),
+                digest: SecretDigest::of(&token),
                 created_at,
                 expires_at,
                 deadline: Instant::now() + ttl,
@@ -212,11 +213,10 @@ impl ScreenRegistry {
     /// Checks `token` against capability `screen_id` and hands out a ticket
     /// for one connection.
     pub fn authorize(&self, screen_id: Uuid, token: &str) -> Result<Ticket, RegistryError> {
-        let presented = digest(token);
         let entries = &mut self.lock().entries;
         sweep(entries, Instant::now());
         let entry = entries.get(&screen_id).ok_or(RegistryError::BadToken)?;
-        if !constant_time_eq(&entry.digest, &presented) {
+        if !entry.digest.matches(token) {
             return Err(RegistryError::BadToken);
         }
         if entry.revoke.borrow().is_some() {
@@ -351,20 +351,6 @@ fn sweep(entries: &mut HashMap<Uuid, Entry>, now: Instant) -> usize {
         }
     }
     expired.len()
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
-/// Compares without an early exit, so timing does not tell how many leading
-/// bytes matched.
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let diff = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
 }
 
 #[cfg(test)]

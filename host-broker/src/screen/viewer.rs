@@ -15,10 +15,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use dormouse_protocol::api::ErrorCode;
 
 use crate::api::HttpError;
 
@@ -117,8 +118,7 @@ pub fn router(dir: NovncDir) -> Router {
 
 fn not_found() -> Response {
     HttpError::new(
-        StatusCode::NOT_FOUND,
-        "no_route",
+        ErrorCode::NoRoute,
         "no such file of the viewer (is the novnc package installed?)",
     )
     .into_response()

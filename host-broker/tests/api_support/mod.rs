@@ -13,6 +13,7 @@ use dormouse_broker::api::{self, ApiState, ApiToken};
 use dormouse_broker::command::{BrokerHandle, Command, Fence};
 use dormouse_broker::error::BrokerError;
 use dormouse_broker::metrics::Metrics;
+use dormouse_broker::relay::{Purpose, Ticket};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, ContainerState, IdleStatus, LeaseGrant, StopReason,
 };
@@ -321,17 +322,31 @@ async fn owner(
                 Ok(dormouse_protocol::actions::ActionResults { results })
             }),
             Command::Orphans(reply) => answer!(reply, "orphans", "*", Ok(Vec::new())),
-            Command::AdmitExec(id, fence, reply) => answer!(reply, "admit_exec", id, {
-                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
-                check_fence(c, fence)?;
-                if !c.ready {
-                    return Err(BrokerError::WrongState("not running and ready".into()));
-                }
-                // No guest behind it: a call reaches "no supervisor socket".
-                Ok(dormouse_broker::guest::GuestSocket::new(
-                    "/nonexistent/run/supervisor.sock",
-                ))
-            }),
+            Command::AdmitGuest(id, fence, purpose, reply) => {
+                let name = match purpose {
+                    Purpose::Exec => "admit_exec",
+                    Purpose::Screen(_) => "screen_admit",
+                    _ => "admit_guest",
+                };
+                answer!(reply, name, id, {
+                    let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
+                    if purpose == Purpose::Exec {
+                        check_fence(c, fence)?;
+                        if !c.ready {
+                            return Err(BrokerError::WrongState("not running and ready".into()));
+                        }
+                    }
+                    // No guest behind it: a call reaches "no supervisor socket".
+                    Ok(Ticket {
+                        computer: id,
+                        guest: dormouse_broker::guest::GuestSocket::new(
+                            "/nonexistent/run/supervisor.sock",
+                        ),
+                        generation: c.generation,
+                        revoked: tokio_util::sync::CancellationToken::new(),
+                    })
+                })
+            }
             // The workspace routes are tested against the real core.
             Command::Workspace(_, _, reply) | Command::ImportSlot(_, reply) => {
                 let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
@@ -342,10 +357,6 @@ async fn owner(
             Command::Import(_, _, _, reply) => {
                 let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
             }
-            Command::ScreenAdmit(id, _mode, _fence, reply) => answer!(reply, "screen_admit", id, {
-                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
-                Ok(c.generation)
-            }),
             Command::ReleaseLease(id, _fence, reply) => answer!(reply, "release_lease", id, {
                 s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
                 Ok(())

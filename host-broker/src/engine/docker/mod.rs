@@ -153,20 +153,39 @@ pub struct ExecBridge {
 
 /// The command that relays the guest channel inside a desktop.
 pub const BRIDGE_COMMAND: &[&str] = &["dormouse-supervisor", "bridge"];
+/// The command that relays the desktop's VNC socket (the live screen).
+pub const VNC_BRIDGE_COMMAND: &[&str] = &["dormouse-supervisor", "bridge-vnc"];
+
+impl ExecBridge {
+    fn open_command<'a>(
+        &'a self,
+        argv: &'static [&'static str],
+    ) -> futures_util::future::BoxFuture<'a, Result<tokio::net::UnixStream, crate::guest::GuestError>>
+    {
+        Box::pin(async move {
+            self.engine
+                .exec_stream(&self.container, argv)
+                .await
+                .map_err(|e| {
+                    crate::guest::GuestError::Connect(std::io::Error::other(e.to_string()))
+                })
+        })
+    }
+}
 
 impl crate::guest::GuestRelay for ExecBridge {
     fn open(
         &self,
     ) -> futures_util::future::BoxFuture<'_, Result<tokio::net::UnixStream, crate::guest::GuestError>>
     {
-        Box::pin(async move {
-            self.engine
-                .exec_stream(&self.container, BRIDGE_COMMAND)
-                .await
-                .map_err(|e| {
-                    crate::guest::GuestError::Connect(std::io::Error::other(e.to_string()))
-                })
-        })
+        self.open_command(BRIDGE_COMMAND)
+    }
+
+    fn open_vnc(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<tokio::net::UnixStream, crate::guest::GuestError>>
+    {
+        self.open_command(VNC_BRIDGE_COMMAND)
     }
 }
 

@@ -106,3 +106,49 @@ async fn a_batch_renews_the_idle_timer_past_its_waits() {
     let status = rig.handle.get(id).await.unwrap();
     assert_eq!(status.container, ContainerState::Running, "{status:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_while_a_batch_runs_revokes_it_and_closes_its_guest_connection() {
+    use std::sync::atomic::Ordering;
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    rig.script.hold_actions.store(true, Ordering::SeqCst);
+    let handle = rig.handle.clone();
+    let call = tokio::spawn(async move {
+        let click = batch(serde_json::json!({"actions": [{"action": "left_click"}]}));
+        handle.actions(id, None, click).await
+    });
+    while rig.script.held_actions.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let grant = rig
+        .handle
+        .lease(
+            id,
+            LeaseRequest {
+                holder: "b".into(),
+                ttl_ms: 60_000,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        grant.generation, 1,
+        "taking the lease moved the generation on"
+    );
+    let err = call.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), "wrong_state");
+    assert!(err.to_string().contains("fenced off"), "{err}");
+    // The guest sees its connection end (it would stop the batch there).
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while rig.script.held_actions.load(Ordering::SeqCst) != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the guest connection closed");
+    // A batch admitted under the new generation is not revoked.
+    rig.script.hold_actions.store(false, Ordering::SeqCst);
+    let click = batch(serde_json::json!({"actions": [{"action": "left_click"}]}));
+    rig.handle.actions(id, Some(1), click).await.unwrap();
+}

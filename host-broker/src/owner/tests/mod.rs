@@ -46,6 +46,10 @@ struct Script {
     no_hold: AtomicBool,
     /// Never answer `quiesce_hold` (a hung guest).
     silent_hold: AtomicBool,
+    /// Hold every batch of actions unanswered until its connection closes.
+    hold_actions: AtomicBool,
+    /// Batches of actions held unanswered now.
+    held_actions: std::sync::atomic::AtomicUsize,
 }
 
 impl Script {
@@ -62,6 +66,8 @@ impl Script {
             holds: std::sync::atomic::AtomicUsize::new(0),
             no_hold: AtomicBool::new(false),
             silent_hold: AtomicBool::new(false),
+            hold_actions: AtomicBool::new(false),
+            held_actions: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -177,6 +183,12 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     script.holds.fetch_add(1, Ordering::SeqCst);
                     let _ = stream.read(&mut chunk).await;
                     script.holds.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                Request::Actions { .. } if script.hold_actions.load(Ordering::SeqCst) => {
+                    script.held_actions.fetch_add(1, Ordering::SeqCst);
+                    let _ = stream.read(&mut chunk).await;
+                    script.held_actions.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
                 Request::Actions { batch } => scripted_actions(&batch),

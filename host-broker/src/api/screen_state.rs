@@ -1,19 +1,18 @@
-//! The API state's screen parts and the one lease route the live screen
-//! needs (`DELETE /v1/computers/{id}/lease`, the panel's Release). The
-//! screen routes themselves are [`crate::screen::api`]'s; this file only
-//! lets them take their state from [`ApiState`]. It decides nothing.
+//! The API state's screen parts: the gateway an [`ApiState`] starts with
+//! (refusing everything until the daemon wires the owner's in) and the
+//! extraction of the gateway and the noVNC directory from the state. The
+//! screen routes themselves are [`crate::screen::api`]'s. It decides
+//! nothing.
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, State};
-use axum::http::StatusCode;
+use axum::extract::FromRef;
 use dormouse_protocol::screen::ScreenMode;
 use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
-use super::extract::{ComputerId, Generation};
-use super::{ApiState, HttpError};
+use super::ApiState;
 use crate::command::BrokerHandle;
 use crate::screen::viewer::NovncDir;
 use crate::screen::{Refusal, ScreenGateway, ScreenHost};
@@ -59,15 +58,4 @@ impl FromRef<ApiState> for NovncDir {
     fn from_ref(state: &ApiState) -> Self {
         state.novnc.clone()
     }
-}
-
-/// `DELETE /v1/computers/{id}/lease`: gives the lease back (fenced by
-/// `Dormouse-Generation`); `204`, also when no live lease exists.
-pub async fn release_lease(
-    State(state): State<ApiState>,
-    ComputerId(id): ComputerId,
-    Generation(fence): Generation,
-) -> Result<StatusCode, HttpError> {
-    state.broker.release_lease(id, fence).await?;
-    Ok(StatusCode::NO_CONTENT)
 }

@@ -1,28 +1,30 @@
-//! The owner's side of the live screen: admitting a capability under the
-//! fence (decided here, where leases are decided, so no generation change
-//! can slip in between), giving a lease back, and revoking screens as the
-//! owner's own view of each computer changes.
+//! Revocation of open guest relays and live-screen capabilities as the
+//! owner's own view of each computer changes, and giving a lease back.
 //!
 //! Revocation is derived, not sprinkled over every code path: after every
-//! turn of the owner's loop, [`Owner::sync_screens`] compares what it last
-//! saw of each computer (a stop being decided, the container up, its start,
-//! the guest's start identity, the generation, a removal) with what it
-//! holds now and revokes accordingly, so a new path that changes one of
-//! these cannot forget to. It never mints, never opens a socket, and never
-//! sees a token.
+//! turn of the owner's loop, [`Owner::sync_revocations`] compares what it
+//! last saw of each computer (a stop being decided, the container up, its
+//! start, the guest's start identity, the generation, a removal) with what
+//! it holds now and revokes accordingly, so a new path that changes one of
+//! these cannot forget to. A generation change fires the revocation of
+//! every fenced [`Ticket`](crate::relay::Ticket) admitted under the old one
+//! (exec, terminal, actions) and revokes the control screens bound to it;
+//! a removal ends every ticket and every screen of the computer. It never
+//! mints, never opens a socket, and never sees a token.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use dormouse_protocol::screen::{RevokeReason, ScreenMode};
+use dormouse_protocol::screen::RevokeReason;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::admission::check_fence;
 use super::commands::Answer;
 use super::ops::OpKind;
 use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::error::BrokerError;
-use crate::store::lease;
 
 /// What the owner last saw of one computer, as far as screens care.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +37,63 @@ pub(super) struct ScreenSeen {
     removing: bool,
 }
 
-/// Every computer's [`ScreenSeen`].
-pub(super) type ScreensSeen = HashMap<Uuid, ScreenSeen>;
+/// What the revocation pass keeps between turns.
+#[derive(Debug, Default)]
+pub(super) struct Revocations {
+    /// Every computer's [`ScreenSeen`].
+    seen: HashMap<Uuid, ScreenSeen>,
+    /// Per computer: the generation fenced tickets were admitted under and
+    /// the revocation they share.
+    fenced: HashMap<Uuid, (u64, CancellationToken)>,
+    /// Per computer: the revocation unfenced tickets share (the removal).
+    unfenced: HashMap<Uuid, CancellationToken>,
+}
+
+impl Revocations {
+    /// The revocation of a fenced ticket admitted under `generation`.
+    pub(super) fn fenced(&mut self, id: Uuid, generation: u64) -> CancellationToken {
+        match self.fenced.get(&id) {
+            Some((g, token)) if *g == generation && !token.is_cancelled() => token.clone(),
+            _ => {
+                let token = CancellationToken::new();
+                if let Some((_, old)) = self.fenced.insert(id, (generation, token.clone())) {
+                    old.cancel();
+                }
+                token
+            }
+        }
+    }
+
+    /// The revocation of an unfenced ticket (fires when the computer goes).
+    pub(super) fn unfenced(&mut self, id: Uuid) -> CancellationToken {
+        self.unfenced.entry(id).or_default().clone()
+    }
+
+    /// Fires the fenced tickets of `id` not admitted under `generation`;
+    /// answers whether there were any.
+    fn fence_off(&mut self, id: Uuid, generation: u64) -> bool {
+        match self.fenced.get(&id) {
+            Some((g, _)) if *g != generation => {
+                if let Some((_, token)) = self.fenced.remove(&id) {
+                    token.cancel();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Fires every ticket of a computer that is gone.
+    fn forget(&mut self, id: Uuid) {
+        self.seen.remove(&id);
+        if let Some((_, token)) = self.fenced.remove(&id) {
+            token.cancel();
+        }
+        if let Some(token) = self.unfenced.remove(&id) {
+            token.cancel();
+        }
+    }
+}
 
 impl Owner {
     fn screen_seen(&self, id: Uuid) -> Option<ScreenSeen> {
@@ -54,13 +111,18 @@ impl Owner {
 
     /// Revokes what the latest changes affect; called after every turn of
     /// the loop (a map lookup per computer when nothing changed).
-    pub(super) fn sync_screens(&mut self) {
+    pub(super) fn sync_revocations(&mut self) {
         let ids: Vec<Uuid> = self.computers.keys().copied().collect();
         for id in ids {
             let Some(now) = self.screen_seen(id) else {
                 continue;
             };
-            let Some(before) = self.screens_seen.insert(id, now.clone()) else {
+            let generation = now.generation;
+            let before = self.revocations.seen.insert(id, now.clone());
+            if self.revocations.fence_off(id, generation) {
+                tracing::info!(computer = %id, generation, "guest calls of older generations revoked");
+            }
+            let Some(before) = before else {
                 continue;
             };
             if before == now {
@@ -75,62 +137,20 @@ impl Owner {
                 tracing::info!(computer = %id, generation = now.generation, revoked = n, "control screens of older generations revoked");
             }
         }
-        if self.screens_seen.len() != self.computers.len() {
-            let gone: Vec<Uuid> = self
-                .screens_seen
-                .keys()
-                .filter(|id| !self.computers.contains_key(id))
-                .copied()
-                .collect();
-            for id in gone {
-                self.screens_seen.remove(&id);
-                self.screens.revoke_all(id, RevokeReason::Removed);
-            }
+        let r = &self.revocations;
+        let known = |id: &Uuid| self.computers.contains_key(id);
+        let gone: Vec<Uuid> = r
+            .seen
+            .keys()
+            .chain(r.fenced.keys())
+            .chain(r.unfenced.keys())
+            .filter(|id| !known(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.revocations.forget(id);
+            self.screens.revoke_all(id, RevokeReason::Removed);
         }
-    }
-
-    /// Admits a screen capability: the desktop runs, is ready and nothing is
-    /// changing it; `control` passes the fence. Answers the generation a
-    /// control capability is bound to.
-    pub(super) fn screen_admit(
-        &mut self,
-        (id, fence, mode): (Uuid, Fence, ScreenMode),
-        reply: Reply<u64>,
-    ) -> Answer<u64> {
-        Answer::Now(reply, self.decide_screen(id, fence, mode))
-    }
-
-    fn decide_screen(
-        &mut self,
-        id: Uuid,
-        fence: Fence,
-        mode: ScreenMode,
-    ) -> Result<u64, BrokerError> {
-        let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
-        if let Some(op) = &c.op {
-            return Err(BrokerError::WrongState(format!(
-                "{} is in progress",
-                op.kind().describe()
-            )));
-        }
-        if !c.engine.is_up() {
-            return Err(BrokerError::WrongState("the desktop is not running".into()));
-        }
-        if !self.status_of(c).ready {
-            return Err(BrokerError::WrongState("the desktop is not ready".into()));
-        }
-        if mode == ScreenMode::Control {
-            if let Err(e) = lease::check_fence(
-                c.record.lease.as_ref(),
-                c.record.generation,
-                fence,
-                Utc::now(),
-            ) {
-                self.metrics.fencing_rejection();
-                return Err(e);
-            }
-        }
-        Ok(c.record.generation)
     }
 
     /// Gives the lease back (`DELETE /v1/computers/{id}/lease`): fenced by
@@ -150,11 +170,7 @@ impl Owner {
         if !c.record.lease.as_ref().is_some_and(|l| l.is_live(now)) {
             return Ok(());
         }
-        if let Err(e) = lease::check_fence(c.record.lease.as_ref(), c.record.generation, fence, now)
-        {
-            self.metrics.fencing_rejection();
-            return Err(e);
-        }
+        check_fence(&self.metrics, c, fence)?;
         let mut record = c.record.clone();
         record.lease = None;
         self.store.save(&record)?;
@@ -211,6 +227,34 @@ mod tests {
             stopping: false,
             removing: false,
         }
+    }
+
+    #[test]
+    fn a_generation_change_or_a_removal_fires_the_tickets_it_fences_off() {
+        let id = Uuid::new_v4();
+        let mut r = Revocations::default();
+        let first = r.fenced(id, 1);
+        let again = r.fenced(id, 1);
+        let unfenced = r.unfenced(id);
+        assert!(
+            !r.fence_off(id, 1),
+            "the same generation fences nothing off"
+        );
+        assert!(!first.is_cancelled() && !again.is_cancelled());
+        assert!(r.fence_off(id, 2));
+        assert!(first.is_cancelled() && again.is_cancelled());
+        assert!(
+            !unfenced.is_cancelled(),
+            "a generation change leaves unfenced calls"
+        );
+        let second = r.fenced(id, 2);
+        assert!(!second.is_cancelled());
+        // A ticket of a newer generation admitted before the pass saw it
+        // replaces (and fires) the older one at once.
+        let third = r.fenced(id, 3);
+        assert!(second.is_cancelled() && !third.is_cancelled());
+        r.forget(id);
+        assert!(third.is_cancelled() && unfenced.is_cancelled());
     }
 
     #[test]

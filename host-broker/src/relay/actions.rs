@@ -1,74 +1,46 @@
-//! The `actions` command: a batch of computer-use actions relayed to the
-//! guest, fenced like every mutating call.
+//! A batch of computer-use actions relayed to the guest.
 //!
-//! Owns the order of the checks (the computer exists, the generation
-//! fences, the desktop is ready, the batch is valid), the renewal of the
-//! idle timer, and the check of what the guest answers against the batch
-//! it was sent. The guest call runs in a task of its own, so a long batch
-//! never holds the owner. It never executes an action itself and never
-//! trusts the guest's answer: results that do not fit the batch are the
-//! guest's failure, not the client's answer.
+//! Owns the bound the broker waits for a batch's answer and the check of
+//! what the guest answers against the batch it was sent. It never executes
+//! an action itself and never trusts the guest's answer: results that do
+//! not fit the batch are the guest's failure, not the client's answer.
 
 use std::time::Duration;
 
 use dormouse_protocol::actions::{
     self, Action, ActionBatch, ActionName, ActionResults, BatchError, GuestActionResults,
 };
-use tokio::time::Instant;
 
-use super::commands::{Answer, Fenced};
-use super::Owner;
-use crate::command::Reply;
 use crate::error::BrokerError;
-use crate::guest::{self, GuestError};
+use crate::guest::{self, GuestError, GuestSocket};
 
-impl Owner {
-    /// Admits, validates and relays a batch; the answer comes from the task.
-    pub(super) fn actions(
-        &mut self,
-        (id, fence, batch): Fenced<ActionBatch>,
-        reply: Reply<ActionResults>,
-    ) -> Answer<ActionResults> {
-        let c = match self.admit(id, fence) {
-            Ok(c) => c,
-            Err(e) => return Answer::Now(reply, Err(e)),
-        };
-        if !c.is_ready() {
-            let e = BrokerError::WrongState("the desktop is not ready".into());
-            return Answer::Now(reply, Err(e));
+/// Relays a batch (validated by the caller) to the guest and checks the
+/// answer against it.
+pub async fn relay(socket: &GuestSocket, batch: ActionBatch) -> Result<ActionResults, BrokerError> {
+    let wait = answer_bound(&batch);
+    let names: Vec<ActionName> = batch.actions.iter().map(Action::name).collect();
+    let call = async {
+        let mut conn = socket.connect().await?;
+        conn.actions(batch, wait).await
+    };
+    match tokio::time::timeout(guest::CONNECT_TIMEOUT + wait, call).await {
+        Ok(Ok(frame)) => fit(&names, frame.message, &frame.payload),
+        Ok(Err(GuestError::Refused { code, message })) if code == BatchError::CODE => {
+            Err(BrokerError::InvalidActions(message))
         }
-        // Before anything runs; the guest checks again against its screen.
-        if let Err(e) = actions::validate(&batch, None) {
-            return Answer::Now(reply, Err(BrokerError::InvalidActions(e.to_string())));
-        }
-        // The call is activity, and so is the time its own waits take: the
-        // quiet window begins after them at the earliest. The input it
-        // injects counts as the guest's input on top.
-        let durations = Duration::from_secs_f64(batch_durations(&batch));
-        c.idle.renew(Instant::now() + durations);
-        self.dirty.insert(id);
-        let socket = self.ctx.socket(id);
-        self.tasks.spawn(async move {
-            let wait = answer_bound(&batch);
-            let names: Vec<ActionName> = batch.actions.iter().map(Action::name).collect();
-            let call = async {
-                let mut conn = socket.connect().await?;
-                conn.actions(batch, wait).await
-            };
-            let result = match tokio::time::timeout(guest::CONNECT_TIMEOUT + wait, call).await {
-                Ok(Ok(frame)) => fit(&names, frame.message, &frame.payload),
-                Ok(Err(GuestError::Refused { code, message })) if code == BatchError::CODE => {
-                    Err(BrokerError::InvalidActions(message))
-                }
-                Ok(Err(e)) => Err(e.into()),
-                Err(_) => Err(BrokerError::GuestFailed(
-                    "the batch of actions did not answer in time".into(),
-                )),
-            };
-            let _ = reply.send(result);
-        });
-        Answer::Later
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(BrokerError::GuestFailed(
+            "the batch of actions did not answer in time".into(),
+        )),
     }
+}
+
+/// Checks a batch before anything runs (the guest checks again against its
+/// screen); answers the time its own waits take, which the idle timer is
+/// renewed past.
+pub fn check(batch: &ActionBatch) -> Result<Duration, BrokerError> {
+    actions::validate(batch, None).map_err(|e| BrokerError::InvalidActions(e.to_string()))?;
+    Ok(Duration::from_secs_f64(batch_durations(batch)))
 }
 
 /// The seconds the batch's `wait` and `hold_key` actions take.

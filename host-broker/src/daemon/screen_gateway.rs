@@ -11,15 +11,14 @@ use tokio_util::sync::CancellationToken;
 use crate::api::ApiState;
 use crate::screen::viewer::NovncDir;
 use crate::screen::{OwnerScreenHost, ScreenGateway};
-use crate::store::Paths;
 
 /// How often expired capabilities are dropped (each connection also closes
 /// at its own deadline; this only frees their entries).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Puts the real gateway and noVNC directory into `state`.
-pub fn wire(state: &mut ApiState, data_dir: &Path, novnc: &Path, shutdown: &CancellationToken) {
-    let host = OwnerScreenHost::new(state.broker.clone(), Paths::new(data_dir));
+pub fn wire(state: &mut ApiState, novnc: &Path, shutdown: &CancellationToken) {
+    let host = OwnerScreenHost::new(state.broker.clone());
     let mut gateway = ScreenGateway::new(Arc::new(host), shutdown.clone());
     gateway.registry = state.broker.screens().clone();
     let registry = gateway.registry.clone();

@@ -2,11 +2,12 @@
 //! `GET /v1/computers/{id}/exec/ws`.
 //!
 //! They parse and answer; admission, the fence and the guest call are the
-//! [`BrokerHandle`](crate::command::BrokerHandle)'s ([`crate::exec`]). The
-//! handler's own future carries the command: when the HTTP client goes
-//! away, hyper drops it, the guest connection closes and the supervisor
-//! kills the command and confirms it gone. The WebSocket's end does the same
-//! for a terminal.
+//! relay's ([`crate::relay`]): one admission, then the call on a connection
+//! of this handler's own task. The handler's own future carries the
+//! command: when the HTTP client goes away, hyper drops it, the guest
+//! connection closes and the supervisor kills the command and confirms it
+//! gone. The WebSocket's end does the same for a terminal, and so does a
+//! lease takeover (the ticket's revocation).
 //!
 //! The terminal WebSocket's framing: binary messages are the terminal's
 //! bytes (keystrokes from the client, output to it); text messages are JSON
@@ -86,9 +87,10 @@ pub async fn exec_ws(
     ws: WebSocketUpgrade,
 ) -> Result<Response, HttpError> {
     let open = terminal_request(&query)?;
-    let (_opened, pty) = state.broker.open_terminal(id, fence, open).await?;
+    let (_opened, pty, ticket) = state.broker.open_terminal(id, fence, open).await?;
     let shutdown = state.shutdown.clone();
-    Ok(ws.on_upgrade(move |socket| bridge(socket, pty, shutdown)))
+    let revoked = ticket.revoked;
+    Ok(ws.on_upgrade(move |socket| bridge(socket, pty, shutdown, revoked)))
 }
 
 fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
@@ -120,10 +122,16 @@ fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
     Ok(open)
 }
 
-/// Moves the terminal both ways until the session ends, the client leaves
-/// or the broker stops. Returning drops the guest connection, which ends
-/// the session in the guest.
-async fn bridge(socket: WebSocket, pty: GuestPty, shutdown: CancellationToken) {
+/// Moves the terminal both ways until the session ends, the client leaves,
+/// the broker stops or the session's generation is fenced off (`revoked`).
+/// Returning drops the guest connection, which ends the session in the
+/// guest.
+async fn bridge(
+    socket: WebSocket,
+    pty: GuestPty,
+    shutdown: CancellationToken,
+    revoked: CancellationToken,
+) {
     let (mut events, mut input) = pty.split();
     let (mut sink, mut stream) = socket.split();
     let to_guest = async {
@@ -197,6 +205,10 @@ async fn bridge(socket: WebSocket, pty: GuestPty, shutdown: CancellationToken) {
         () = shutdown.cancelled() => Some(TerminalMessage::Error {
             code: "shutting_down".into(),
             message: "the broker is stopping".into(),
+        }),
+        () = revoked.cancelled() => Some(TerminalMessage::Error {
+            code: "revoked".into(),
+            message: "the lease generation of this session was fenced off".into(),
         }),
     };
     // The guest connection goes first: the session ends there whatever the

@@ -1,0 +1,183 @@
+//! The owner's one admission of guest calls ([`crate::relay`]), and the one
+//! fence check every fenced call of the API passes.
+//!
+//! For each [`Purpose`] it decides, on the task that decides leases (so no
+//! generation change can slip in between), whether the call may be made
+//! now, renews the idle timer where the call is use, and hands back a
+//! [`Ticket`]: the guest channel the backend names and the generation the
+//! call was admitted under, with the revocation that fires when that
+//! generation is fenced off ([`super::revocation`]). It never makes the
+//! call: the caller's own task does (the two calls the owner still answers
+//! itself, `screenshot` and `actions`, run [`crate::relay`]'s functions in a
+//! task of their own), so a long call never blocks this task.
+
+use chrono::Utc;
+use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::screen::ScreenMode;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::commands::{Answer, Fenced};
+use super::computer::Computer;
+use super::Owner;
+use crate::command::{Fence, Reply};
+use crate::error::BrokerError;
+use crate::metrics::Metrics;
+use crate::relay::{self, Purpose, Ticket};
+use crate::store::lease;
+
+/// The fence of computer `c` against the caller's generation (a stale one,
+/// or none under a live lease, is refused and counted): the one fence check
+/// of every fenced call.
+pub(super) fn check_fence(
+    metrics: &Metrics,
+    c: &Computer,
+    fence: Fence,
+) -> Result<(), BrokerError> {
+    let checked = lease::check_fence(
+        c.record.lease.as_ref(),
+        c.record.generation,
+        fence,
+        Utc::now(),
+    );
+    if checked.is_err() {
+        metrics.fencing_rejection();
+    }
+    checked
+}
+
+impl Owner {
+    pub(super) fn admit_guest(
+        &mut self,
+        (id, fence, purpose): Fenced<Purpose>,
+        reply: Reply<Ticket>,
+    ) -> Answer<Ticket> {
+        Answer::Now(reply, self.decide_guest(id, fence, purpose))
+    }
+
+    /// The checks of one purpose, then the ticket.
+    pub(super) fn decide_guest(
+        &mut self,
+        id: Uuid,
+        fence: Fence,
+        purpose: Purpose,
+    ) -> Result<Ticket, BrokerError> {
+        match purpose {
+            Purpose::Actions { busy_for } => {
+                let c = self.admit(id, fence)?;
+                if !c.is_ready() {
+                    return Err(BrokerError::WrongState("the desktop is not ready".into()));
+                }
+                // The call is activity, and so is the time its own waits
+                // take: the quiet window begins after them at the earliest.
+                // The input it injects counts as the guest's input on top.
+                c.idle.renew(Instant::now() + busy_for);
+                self.dirty.insert(id);
+            }
+            Purpose::Exec => {
+                let c = self.admit(id, fence)?;
+                if !c.is_ready() {
+                    return Err(BrokerError::WrongState(
+                        "the desktop is not running and ready".into(),
+                    ));
+                }
+                c.idle.renew(Instant::now());
+                self.dirty.insert(id);
+            }
+            Purpose::Screenshot => {
+                let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                // Reading the screen is not activity: the timer is left alone.
+                if !c.engine.is_up() {
+                    return Err(BrokerError::WrongState("the desktop is not running".into()));
+                }
+            }
+            Purpose::Screen(mode) => {
+                let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                if let Some(op) = &c.op {
+                    return Err(BrokerError::WrongState(format!(
+                        "{} is in progress",
+                        op.kind().describe()
+                    )));
+                }
+                if !c.engine.is_up() {
+                    return Err(BrokerError::WrongState("the desktop is not running".into()));
+                }
+                if !c.is_ready() {
+                    return Err(BrokerError::WrongState("the desktop is not ready".into()));
+                }
+                if mode == ScreenMode::Control {
+                    check_fence(&self.metrics, c, fence)?;
+                }
+            }
+            Purpose::ScreenConnection | Purpose::ExportQuiesce => {
+                self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+            }
+        }
+        self.ticket(id, purpose)
+    }
+
+    /// The ticket of an admitted call.
+    fn ticket(&mut self, id: Uuid, purpose: Purpose) -> Result<Ticket, BrokerError> {
+        let generation = self
+            .computers
+            .get(&id)
+            .ok_or(BrokerError::NotFound(id))?
+            .record
+            .generation;
+        let revoked = if purpose.fenced() {
+            self.revocations.fenced(id, generation)
+        } else {
+            self.revocations.unfenced(id)
+        };
+        Ok(Ticket {
+            computer: id,
+            guest: self.ctx.socket(id),
+            generation,
+            revoked,
+        })
+    }
+
+    /// A screenshot, admitted, relayed in a task of its own.
+    pub(super) fn screenshot(&mut self, id: Uuid, reply: Reply<Vec<u8>>) -> Answer<Vec<u8>> {
+        let ticket = match self.decide_guest(id, None, Purpose::Screenshot) {
+            Ok(ticket) => ticket,
+            Err(e) => return Answer::Now(reply, Err(e)),
+        };
+        self.tasks.spawn(async move {
+            let _ = reply.send(relay::screenshot(&ticket).await);
+        });
+        Answer::Later
+    }
+
+    /// A batch of actions, checked, admitted, relayed in a task of its own.
+    pub(super) fn actions(
+        &mut self,
+        (id, fence, batch): Fenced<ActionBatch>,
+        reply: Reply<ActionResults>,
+    ) -> Answer<ActionResults> {
+        // Exists, fences and is ready first, so an unknown computer is a 404
+        // and a stale caller a 409 whatever the batch says.
+        let admitted = self.admit(id, fence).and_then(|c| {
+            if c.is_ready() {
+                Ok(())
+            } else {
+                Err(BrokerError::WrongState("the desktop is not ready".into()))
+            }
+        });
+        if let Err(e) = admitted {
+            return Answer::Now(reply, Err(e));
+        }
+        let busy_for = match relay::actions::check(&batch) {
+            Ok(busy_for) => busy_for,
+            Err(e) => return Answer::Now(reply, Err(e)),
+        };
+        let ticket = match self.decide_guest(id, fence, Purpose::Actions { busy_for }) {
+            Ok(ticket) => ticket,
+            Err(e) => return Answer::Now(reply, Err(e)),
+        };
+        self.tasks.spawn(async move {
+            let _ = reply.send(relay::run_actions(&ticket, batch).await);
+        });
+        Answer::Later
+    }
+}

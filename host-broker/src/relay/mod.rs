@@ -1,0 +1,264 @@
+//! The one road of every guest call the API makes: admission by the owner,
+//! then the call itself, relayed on a connection of the caller's own task.
+//!
+//! 1. [`BrokerHandle::admit_guest`] sends the one admission command
+//!    ([`crate::command::Command::AdmitGuest`]). The owner checks, for the
+//!    call's [`Purpose`], that the computer exists, its state allows it and
+//!    the caller's generation fences; it renews the idle timer where the call
+//!    is activity, and hands back a [`Ticket`]: the guest channel the backend
+//!    names ([`crate::engine::Backend::guest`], a run-directory socket or the
+//!    engine's exec bridge) and the generation the call was admitted under.
+//! 2. The functions of this module run the call over that ticket: actions,
+//!    exec, terminal, screenshot, the live screen's VNC stream, the quiesce
+//!    hold of an export. Dropping the caller's future drops the connection,
+//!    and the guest ends what it was doing.
+//! 3. A fenced ticket's [`Ticket::revoked`] fires when the generation it was
+//!    admitted under is no longer the computer's (a lease takeover), or the
+//!    computer is removed: the owner decides both in one place
+//!    (`owner/revocation.rs`), after every turn of its loop, for every open
+//!    relay alike (the live screen's capabilities are revoked there too).
+//!
+//! This module never decides admission and never reaches a guest any way but
+//! through the ticket's channel.
+
+pub mod actions;
+
+use std::time::Duration;
+
+use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
+use dormouse_protocol::guest::PtyOpened;
+use dormouse_protocol::screen::ScreenMode;
+use tokio::net::UnixStream;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::command::{BrokerHandle, Command, Fence};
+use crate::error::BrokerError;
+use crate::guest::exec::{GuestPty, EXEC_KILL_MARGIN};
+use crate::guest::{self, GuestError, GuestSocket, QuiesceHold, CONNECT_TIMEOUT};
+
+/// What a guest call is for; the owner's checks depend on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Purpose {
+    /// A batch of computer-use actions whose own waits take `busy_for`:
+    /// fenced, ready; the idle timer renewed past the waits.
+    Actions {
+        /// The batch's `wait` and `hold_key` time.
+        busy_for: Duration,
+    },
+    /// A command or a terminal session: fenced, ready; the timer renewed.
+    Exec,
+    /// A still screenshot: running is enough, never fenced, not activity.
+    Screenshot,
+    /// Minting a live-screen capability of this mode: ready, nothing in
+    /// flight; `control` fenced. Not activity.
+    Screen(ScreenMode),
+    /// A connection of a capability already minted (whose registry entry
+    /// carries its own revocation): the computer exists. Not activity.
+    ScreenConnection,
+    /// The quiesce an export of a running desktop holds: the computer
+    /// exists (the workspace grant decided the rest). Not activity.
+    ExportQuiesce,
+}
+
+impl Purpose {
+    /// Whether the caller's generation must fence the call.
+    pub fn fenced(self) -> bool {
+        matches!(
+            self,
+            Self::Actions { .. } | Self::Exec | Self::Screen(ScreenMode::Control)
+        )
+    }
+}
+
+/// An admitted guest call.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    /// The computer.
+    pub computer: Uuid,
+    /// Its guest channel, as the backend names it.
+    pub guest: GuestSocket,
+    /// The generation the call was admitted under.
+    pub generation: u64,
+    /// Fires when that generation is fenced off or the computer goes (for
+    /// a fenced purpose; otherwise never, until the computer is removed).
+    pub revoked: CancellationToken,
+}
+
+impl Ticket {
+    /// Runs `call` unless (or until) the ticket is revoked.
+    async fn unless_revoked<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        tokio::select! {
+            result = call => result,
+            () = self.revoked.cancelled() => Err(revoked(self.generation)),
+        }
+    }
+}
+
+/// The answer to a call whose ticket was revoked while it ran.
+fn revoked(generation: u64) -> BrokerError {
+    BrokerError::WrongState(format!(
+        "the lease generation {generation} this call was admitted under was fenced off"
+    ))
+}
+
+impl BrokerHandle {
+    /// See [`Command::AdmitGuest`].
+    pub async fn admit_guest(
+        &self,
+        id: Uuid,
+        fence: Fence,
+        purpose: Purpose,
+    ) -> Result<Ticket, BrokerError> {
+        self.ask(|r| Command::AdmitGuest(id, fence, purpose, r))
+            .await
+    }
+
+    /// Runs `request` in computer `id` to its confirmed end: checked first
+    /// (a bad one changes nothing), admitted, then run by the guest.
+    pub async fn exec(
+        &self,
+        id: Uuid,
+        fence: Fence,
+        request: ExecRequest,
+    ) -> Result<ExecResult, BrokerError> {
+        request
+            .validate()
+            .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
+        exec(&ticket, request).await
+    }
+
+    /// Opens a terminal session in computer `id`; dropping the session ends
+    /// it (its processes killed and confirmed gone in the guest). The
+    /// ticket's [`Ticket::revoked`] says when the caller must drop it.
+    pub async fn open_terminal(
+        &self,
+        id: Uuid,
+        fence: Fence,
+        open: PtyOpen,
+    ) -> Result<(PtyOpened, GuestPty, Ticket), BrokerError> {
+        open.validate()
+            .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
+        let (opened, pty) = terminal(&ticket, open).await?;
+        Ok((opened, pty, ticket))
+    }
+}
+
+/// Runs an admitted command to its confirmed end.
+pub async fn exec(ticket: &Ticket, request: ExecRequest) -> Result<ExecResult, BrokerError> {
+    // The guest answers within the exec's timeout and its kill bound; this
+    // bound only guards against a guest that does not.
+    let bound = CONNECT_TIMEOUT + Duration::from_millis(request.timeout_ms) + EXEC_KILL_MARGIN;
+    let run = async { ticket.guest.connect().await?.exec(request).await };
+    ticket
+        .unless_revoked(async {
+            match tokio::time::timeout(bound, run).await {
+                Ok(result) => result.map_err(refusal),
+                Err(_) => Err(BrokerError::GuestFailed(
+                    "the command was not confirmed ended in time".into(),
+                )),
+            }
+        })
+        .await
+}
+
+/// Opens an admitted terminal session.
+pub async fn terminal(
+    ticket: &Ticket,
+    open: PtyOpen,
+) -> Result<(PtyOpened, GuestPty), BrokerError> {
+    let conn = ticket.guest.connect().await.map_err(BrokerError::from)?;
+    conn.open_pty(open).await.map_err(refusal)
+}
+
+/// A PNG of the admitted desktop's screen.
+pub async fn screenshot(ticket: &Ticket) -> Result<Vec<u8>, BrokerError> {
+    let bound = guest::CONNECT_TIMEOUT + guest::SCREENSHOT_TIMEOUT;
+    match tokio::time::timeout(bound, guest::screenshot(&ticket.guest)).await {
+        Ok(result) => result.map_err(BrokerError::from),
+        Err(_) => Err(BrokerError::GuestFailed("no screenshot in time".into())),
+    }
+}
+
+/// Relays an admitted (and validated) batch of actions and checks what the
+/// guest answers against it.
+pub async fn run_actions(
+    ticket: &Ticket,
+    batch: ActionBatch,
+) -> Result<ActionResults, BrokerError> {
+    ticket
+        .unless_revoked(actions::relay(&ticket.guest, batch))
+        .await
+}
+
+/// A fresh stream to the admitted desktop's VNC server, through the same
+/// guest channel as every other call (so the live screen works wherever the
+/// guest does, over the run directory or the engine's exec bridge).
+pub async fn vnc(ticket: &Ticket) -> Result<UnixStream, GuestError> {
+    ticket.guest.connect_vnc().await
+}
+
+/// Quiesces an admitted running desktop for an export, bounded like a
+/// stop's quiesce: held ([`QuiesceHold`]) when the guest knows
+/// `quiesce_hold`, the plain quiesce (browsers stay closed) when it is
+/// older. `false`: not quiesced (the export goes on regardless).
+pub async fn hold_quiesce(ticket: &Ticket, limit: Duration) -> (bool, Option<QuiesceHold>) {
+    let id = ticket.computer;
+    let bound = guest::CONNECT_TIMEOUT + limit + Duration::from_secs(1);
+    let held = async { ticket.guest.connect().await?.quiesce_hold(limit).await };
+    match tokio::time::timeout(bound, held).await {
+        Ok(Ok((done, hold))) => {
+            tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced for an export, held until it ends");
+            (true, Some(hold))
+        }
+        Ok(Err(GuestError::Refused { code, .. })) if code == "unknown_kind" => {
+            tracing::info!(computer = %id, "the guest cannot hold a quiesce; its browsers stay closed after the export");
+            let plain = limit + Duration::from_secs(1);
+            match tokio::time::timeout(plain, guest::quiesce(&ticket.guest, limit)).await {
+                Ok(Ok(done)) => {
+                    tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced");
+                    (true, None)
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(computer = %id, error = %e, "quiesce for an export failed; exporting anyway");
+                    (false, None)
+                }
+                Err(_) => {
+                    tracing::warn!(computer = %id, "quiesce for an export did not answer in {plain:?}; exporting anyway");
+                    (false, None)
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(computer = %id, error = %e, "quiesce for an export failed; exporting anyway");
+            (false, None)
+        }
+        Err(_) => {
+            tracing::warn!(computer = %id, "quiesce for an export did not answer in {bound:?}; exporting anyway");
+            (false, None)
+        }
+    }
+}
+
+/// A guest refusal that is about the request is the caller's error (`400`),
+/// a full guest `409`; anything else is the guest's failure.
+fn refusal(e: GuestError) -> BrokerError {
+    match &e {
+        GuestError::Refused { code, message } => match code.as_str() {
+            "bad_request" | "not_found" | "not_executable" | "bad_cwd" => {
+                BrokerError::BadRequest(format!("{code}: {message}"))
+            }
+            "busy" => BrokerError::WrongState(format!(
+                "the desktop runs as many commands as it may: {message}"
+            )),
+            _ => e.into(),
+        },
+        _ => e.into(),
+    }
+}
