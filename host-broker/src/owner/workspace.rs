@@ -29,10 +29,10 @@ use super::ops::{OpKind, Pending};
 use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::config::WorkspaceLimits;
+use crate::engine::Observed;
 use crate::error::BrokerError;
 use crate::guest::{self, GuestError, QuiesceHold};
 use crate::lifecycle::{stop, OpContext};
-use crate::reconcile::EngineView;
 use crate::store::Paths;
 use crate::workspace::{
     self, disk_usage, replace_from_tar, ChannelReader, DiskUsage, ImportSummary, WorkspaceRoot,
@@ -186,9 +186,9 @@ impl Owner {
             Err(e) => return Answer::Now(reply, Err(e)),
         };
         let down = match &c.engine {
-            EngineView::Missing => true,
-            EngineView::Present(info) => info.state.is_down(),
-            EngineView::Unknown(_) => false,
+            Observed::Missing => true,
+            Observed::Present(info) => info.state.is_down(),
+            Observed::Unknown(_) => false,
         };
         if !down {
             let e = BrokerError::WrongState(
