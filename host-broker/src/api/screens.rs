@@ -1,6 +1,6 @@
 //! The API state's screen parts and the one lease route the live screen
 //! needs (`DELETE /v1/computers/{id}/lease`, the panel's Release). The
-//! screen routes themselves are [`crate::screen::api`]'s; this file only
+//! screen routes themselves are [`crate::api::screen_routes`]'s; this file only
 //! lets them take their state from [`ApiState`]. It decides nothing.
 
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use super::extract::{ComputerId, Generation};
 use super::{ApiState, HttpError};
+use crate::api::screen_viewer::NovncDir;
 use crate::command::BrokerHandle;
-use crate::screen::viewer::NovncDir;
 use crate::screen::{Refusal, ScreenGateway, ScreenHost};
 
 /// A gateway whose host refuses everything (503): what an [`ApiState`]

@@ -149,7 +149,7 @@ pub struct DaemonArgs {
     pub log_level: Option<String>,
     /// Where noVNC is installed (the panel's live screen); without it the
     /// panel shows still screenshots.
-    #[arg(long, value_name = "DIR", default_value = crate::screen::viewer::DEFAULT_NOVNC_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::api::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
 }
 

@@ -12,11 +12,11 @@ use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
-use super::{Refusal, ScreenHost, VNC_SOCKET_FILE_NAME};
 use crate::api::HttpError;
 use crate::command::BrokerHandle;
 use crate::error::BrokerError;
 use crate::guest::RunDir;
+use crate::screen::{Refusal, ScreenHost, VNC_SOCKET_FILE_NAME};
 use crate::store::Paths;
 
 /// [`ScreenHost`] over the owner and the data directory.
