@@ -198,7 +198,7 @@ impl Owner {
                 return Err(BrokerError::WrongState(format!(
                     "the workspace of {from} is being adopted already"
                 )));
-            } else if !self.ctx.paths.workspace(from).is_dir() {
+            } else if !self.ctx.backend.workspace(from).is_dir() {
                 return Err(BrokerError::BadRequest(format!(
                     "no kept workspace of computer {from}"
                 )));

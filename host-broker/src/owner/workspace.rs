@@ -43,7 +43,7 @@ impl Owner {
     fn grant(&self, id: Uuid) -> WorkspaceGrant {
         WorkspaceGrant {
             id,
-            path: self.ctx.paths.workspace(id),
+            path: self.ctx.backend.workspace(id),
             limits: self.config().workspace.clone(),
             quiesced: false,
             hold: None,
