@@ -7,11 +7,14 @@ use dormouse_protocol::actions::{ActionBatch, ActionResults};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
+use std::path::PathBuf;
 use tokio::sync::{broadcast, mpsc, oneshot};
+
 use uuid::Uuid;
 
+use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
-use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
+use crate::guest::QuiesceHold;
 use crate::reconcile::Orphan;
 use crate::relay::{Purpose, Ticket};
 use crate::screen::ScreenRegistry;
@@ -234,4 +237,36 @@ impl BrokerHandle {
     pub async fn import_slot(&self, req: CreateComputer) -> Result<WorkspaceGrant, BrokerError> {
         self.ask(|r| Command::ImportSlot(req, r)).await
     }
+}
+
+/// What a workspace request wants to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceAccess {
+    /// Read or list files: any state, never fenced.
+    Read,
+    /// Write or delete files: fenced like every mutating call; refused
+    /// while an import or a remove is under way.
+    Write(Fence),
+    /// Export the whole workspace; with `quiesce` a running desktop's
+    /// browsers are closed first.
+    Export {
+        /// Close a running desktop's browsers first.
+        quiesce: bool,
+    },
+}
+
+/// Where a workspace request may do its work.
+#[derive(Debug)]
+pub struct WorkspaceGrant {
+    /// The computer (or, for a create from a tar, the staging slot).
+    pub id: Uuid,
+    /// The workspace's host path (never shown to a client).
+    pub path: PathBuf,
+    /// The limits to apply.
+    pub limits: WorkspaceLimits,
+    /// For an export: the running desktop's browsers were quiesced.
+    pub quiesced: bool,
+    /// For an export: the guest keeps the browsers closed while this lives
+    /// (drop it when the archive is done, or given up).
+    pub hold: Option<QuiesceHold>,
 }

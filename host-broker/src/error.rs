@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::engine::EngineError;
 use crate::guest::GuestError;
+use crate::store::lease::Fenced;
 use crate::store::StoreError;
 use crate::workspace::{ErrorClass, WorkspaceError};
 
@@ -79,6 +80,16 @@ pub enum BrokerError {
     /// Anything else; details are in the log.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<Fenced> for BrokerError {
+    fn from(refusal: Fenced) -> Self {
+        match refusal {
+            Fenced::BadRequest(why) => Self::BadRequest(why),
+            Fenced::StaleGeneration { given, current } => Self::StaleGeneration { given, current },
+            Fenced::LeaseHeld { holder, expires_at } => Self::LeaseHeld { holder, expires_at },
+        }
+    }
 }
 
 impl BrokerError {

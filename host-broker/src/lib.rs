@@ -22,6 +22,7 @@ pub mod idle;
 pub mod lifecycle;
 pub mod metrics;
 pub mod owner;
+pub mod paths;
 pub mod quota;
 pub mod reconcile;
 pub mod relay;

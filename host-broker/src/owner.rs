@@ -46,14 +46,14 @@ use uuid::Uuid;
 use self::computer::{materially_different, Computer};
 use crate::command::{BrokerHandle, Command, Reply};
 use crate::config::BrokerConfig;
-use crate::engine::docker::{Dialect, DockerBackend, DockerConfig, GuestChannel};
-use crate::engine::{Backend, Change, Engine, ImageInfo, Listed};
+use crate::engine::Observed;
+use crate::engine::{Backend, Change, Image, Listed};
 use crate::error::BrokerError;
 use crate::guest::GuestUpdate;
 use crate::idle::{MAX_WINDOW, MIN_WINDOW};
 use crate::lifecycle::OpContext;
 use crate::metrics::Metrics;
-use crate::reconcile::{EngineView, Orphan};
+use crate::reconcile::Orphan;
 use crate::store::{ensure_dir, ComputerRecord, ComputerStore, Paths, StopReasonStore};
 
 const COMMAND_QUEUE: usize = 256;
@@ -74,7 +74,7 @@ enum Internal {
     /// The image of a create was resolved (or not).
     Resolved {
         request: CreateComputer,
-        result: Result<ImageInfo, BrokerError>,
+        result: Result<Image, BrokerError>,
         reply: Reply<ComputerStatus>,
     },
     /// An operation ended; its result waits in its [`ops::InFlight`].
@@ -83,7 +83,7 @@ enum Internal {
     Refreshed {
         id: Uuid,
         epoch: u64,
-        view: EngineView,
+        view: Observed,
         image_present: Option<bool>,
     },
     /// The guest follower of a computer reports.
@@ -110,44 +110,6 @@ enum Internal {
     BackendUp(Vec<Listed>),
     /// The backend's change stream broke.
     BackendDown(String),
-}
-
-/// Starts the broker core over a Docker Engine (see [`spawn_backend`]).
-pub async fn spawn(
-    config: BrokerConfig,
-    engine: Arc<dyn Engine>,
-    metrics: Arc<Metrics>,
-) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
-    spawn_docker_api(
-        config,
-        engine,
-        Dialect::Docker,
-        GuestChannel::RunDir,
-        metrics,
-    )
-    .await
-}
-
-/// Starts the broker core over an engine that speaks the Docker API in
-/// `dialect` (Docker itself, or Podman's compatible service), reaching
-/// guests through `guest_channel`.
-pub async fn spawn_docker_api(
-    config: BrokerConfig,
-    engine: Arc<dyn Engine>,
-    dialect: Dialect,
-    guest_channel: GuestChannel,
-    metrics: Arc<Metrics>,
-) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
-    let backend = DockerBackend::new(
-        engine,
-        DockerConfig {
-            dialect,
-            guest_channel,
-            ..DockerConfig::from_broker(&config)
-        },
-        Paths::new(&config.data_dir),
-    );
-    spawn_backend(config, Arc::new(backend), metrics).await
 }
 
 /// Starts the broker core: loads the records, reconciles them with the

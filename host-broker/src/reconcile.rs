@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use chrono::Duration as ChronoDuration;
 use uuid::Uuid;
 
-use crate::engine::{Backend, Desktop, EngineError};
+use crate::engine::{Backend, EngineError, Observed};
 use crate::store::{ComputerRecord, StopRecord};
 
 /// How much earlier than the intent a `FinishedAt` may be and still count
@@ -25,42 +25,16 @@ use crate::store::{ComputerRecord, StopRecord};
 /// only absorbs rounding).
 const INTENT_SLACK_MS: i64 = 2000;
 
-/// What the backend says of a computer's desktop.
-#[derive(Debug, Clone)]
-pub enum EngineView {
-    /// The engine could not be asked; why.
-    Unknown(String),
-    /// The engine has no such container.
-    Missing,
-    /// The desktop as observed.
-    Present(Box<Desktop>),
-}
-
-impl EngineView {
-    /// The desktop, when the backend reported one.
-    pub fn info(&self) -> Option<&Desktop> {
-        match self {
-            Self::Present(info) => Some(info),
-            _ => None,
-        }
-    }
-
-    /// Whether the container is up.
-    pub fn is_up(&self) -> bool {
-        self.info().is_some_and(|i| i.state.is_up())
-    }
-}
-
 /// The API type of an orphan; defined with the other API types.
 pub use dormouse_protocol::api::Orphan;
 
 /// Observes a record's desktop and image. The image is "present" only when
 /// the backend resolves the recorded ID to exactly that ID.
-pub async fn observe(backend: &dyn Backend, record: &ComputerRecord) -> (EngineView, Option<bool>) {
+pub async fn observe(backend: &dyn Backend, record: &ComputerRecord) -> (Observed, Option<bool>) {
     let view = match backend.observe(record.id).await {
-        Ok(Some(desktop)) => EngineView::Present(Box::new(desktop)),
-        Ok(None) => EngineView::Missing,
-        Err(e) => return (EngineView::Unknown(e.to_string()), None),
+        Ok(Some(desktop)) => Observed::Present(Box::new(desktop)),
+        Ok(None) => Observed::Missing,
+        Err(e) => return (Observed::Unknown(e.to_string()), None),
     };
     let image = match backend.image(&record.image_id).await {
         Ok(image) => Some(image.is_some_and(|i| i.id == record.image_id)),
@@ -86,15 +60,15 @@ pub enum IntentAction {
 }
 
 /// Decides what to do about a stop record given the engine's view.
-pub fn settle_intent(record: Option<&StopRecord>, view: &EngineView) -> IntentAction {
+pub fn settle_intent(record: Option<&StopRecord>, view: &Observed) -> IntentAction {
     let Some(record) = record.filter(|r| !r.confirmed) else {
         return IntentAction::Keep;
     };
     match view {
-        EngineView::Unknown(_) => IntentAction::Later,
-        EngineView::Missing => IntentAction::Drop,
-        EngineView::Present(info) if info.state.is_up() => IntentAction::Finish(record.clone()),
-        EngineView::Present(info) => match info.finished_at {
+        Observed::Unknown(_) => IntentAction::Later,
+        Observed::Missing => IntentAction::Drop,
+        Observed::Present(info) if info.state.is_up() => IntentAction::Finish(record.clone()),
+        Observed::Present(info) => match info.finished_at {
             Some(finished)
                 if finished >= record.begun_at - ChronoDuration::milliseconds(INTENT_SLACK_MS) =>
             {
@@ -139,10 +113,10 @@ mod tests {
     use dormouse_protocol::api::StopReason;
 
     use super::*;
-    use crate::engine::RunState;
+    use crate::engine::{Desktop, RunState};
 
-    fn info(state: RunState, finished_at: Option<chrono::DateTime<Utc>>) -> EngineView {
-        EngineView::Present(Box::new(Desktop {
+    fn info(state: RunState, finished_at: Option<chrono::DateTime<Utc>>) -> Observed {
+        Observed::Present(Box::new(Desktop {
             state,
             ..Desktop::test_stopped(finished_at, 0)
         }))
@@ -171,11 +145,11 @@ mod tests {
             IntentAction::Drop
         );
         assert_eq!(
-            settle_intent(Some(&intent), &EngineView::Missing),
+            settle_intent(Some(&intent), &Observed::Missing),
             IntentAction::Drop
         );
         assert_eq!(
-            settle_intent(Some(&intent), &EngineView::Unknown("down".into())),
+            settle_intent(Some(&intent), &Observed::Unknown("down".into())),
             IntentAction::Later
         );
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use dormouse_broker::api::{self, ApiState, ApiToken};
-use dormouse_broker::engine::docker::DockerEngine;
+use dormouse_broker::engine::docker::{DockerBackend, DockerEngine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
 use dormouse_e2e::{desktop_image, docker_available, TempDir};
@@ -125,7 +125,8 @@ async fn bad_requests_change_nothing_on_a_real_desktop() {
     let data = TempDir::new("dm-api");
     let config = broker_config(&data.path().join("state"), &image, &guard);
     let engine = DockerEngine::connect().await.unwrap();
-    let (broker, _core) = owner::spawn(config, Arc::new(engine), Arc::new(Metrics::default()))
+    let backend = Arc::new(DockerBackend::for_broker(Arc::new(engine), &config));
+    let (broker, _core) = owner::spawn_backend(config, backend, Arc::new(Metrics::default()))
         .await
         .unwrap();
     let router = api::router(ApiState::new(

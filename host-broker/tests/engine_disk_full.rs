@@ -17,8 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::DockerEngine;
-use dormouse_broker::engine::Engine;
+use dormouse_broker::engine::docker::{DockerBackend, DockerEngine, Engine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
 use dormouse_e2e::{desktop_image, docker, docker_available, TempDir};
@@ -123,9 +122,11 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
     let guard = RunGuard::new("dm-full");
     let engine: Arc<dyn Engine> = Arc::new(DockerEngine::connect().await.unwrap());
     let config = broker_config(&data, &image, &guard);
-    let (broker, core) = owner::spawn(config.clone(), engine.clone(), Arc::new(Metrics::default()))
-        .await
-        .unwrap();
+    let backend = Arc::new(DockerBackend::for_broker(engine.clone(), &config));
+    let (broker, core) =
+        owner::spawn_backend(config.clone(), backend, Arc::new(Metrics::default()))
+            .await
+            .unwrap();
 
     let created = broker.create(CreateComputer::default()).await.unwrap();
     let id = created.id;
@@ -263,7 +264,8 @@ async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
     // A new broker core on the same directory reads every record back.
     drop(broker);
     let _ = tokio::time::timeout(Duration::from_secs(15), core).await;
-    let (broker, core) = owner::spawn(config, engine, Arc::new(Metrics::default()))
+    let backend = Arc::new(DockerBackend::for_broker(engine, &config));
+    let (broker, core) = owner::spawn_backend(config, backend, Arc::new(Metrics::default()))
         .await
         .unwrap();
     let reread = broker.get(id).await.unwrap();

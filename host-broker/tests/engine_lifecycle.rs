@@ -12,8 +12,10 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::{resume, spec::container_spec, DockerConfig, DockerEngine};
-use dormouse_broker::engine::{BackendSpec, BindMount, ContainerSpec, Engine, Refusal, RunState};
+use dormouse_broker::engine::docker::container_engine::{BindMount, ContainerSpec};
+use dormouse_broker::engine::docker::spec::{container_spec, SUPERVISOR_CAPABILITIES};
+use dormouse_broker::engine::docker::{resume, DockerBackend, DockerConfig, DockerEngine, Engine};
+use dormouse_broker::engine::{BackendSpec, Refusal, RunState};
 use dormouse_broker::lifecycle::create;
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
@@ -62,7 +64,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     create::prepare_dirs(&paths, id, false).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
-    let mut spec = container_spec(&docker, &paths, id, "tester", &image);
+    let mut spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
     spec.command = vec!["sleep".into(), "infinity".into()];
     let record = ComputerRecord {
         schema: RECORD_SCHEMA,
@@ -120,7 +122,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     assert_eq!(info.mounts.len(), 2);
     assert!(info.started_at.is_some());
     assert_eq!(
-        resume::check(&record, Some(&info), Some(true)),
+        resume::check(record.origin(), Some(&info), Some(true)),
         Err(Refusal::Running)
     );
 
@@ -140,7 +142,10 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     assert!(!stopped.oom_killed);
     // What the real engine stores passes the resume checks: our
     // normalisation matches Docker's.
-    assert_eq!(resume::check(&record, Some(&stopped), Some(true)), Ok(()));
+    assert_eq!(
+        resume::check(record.origin(), Some(&stopped), Some(true)),
+        Ok(())
+    );
     engine
         .stop(&spec.name, Duration::from_secs(1))
         .await
@@ -206,7 +211,8 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
     create::prepare_dirs(&paths, id, false).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
-    let mut spec: ContainerSpec = container_spec(&docker, &paths, id, "tester", &image);
+    let mut spec: ContainerSpec =
+        container_spec(&docker, &paths, id, "tester", &image.clone().into());
     spec.command = vec!["sleep".into(), "infinity".into()];
     // Someone recreated it with an extra capability and a host mount.
     let mut tampered = spec.clone();
@@ -232,7 +238,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
         workspace_from: None,
     };
     let info = engine.inspect(&spec.name).await.unwrap().unwrap();
-    let refusal = resume::check(&record, Some(&info), Some(true)).unwrap_err();
+    let refusal = resume::check(record.origin(), Some(&info), Some(true)).unwrap_err();
     assert!(
         refusal.message().contains("cap_add"),
         "{}",
@@ -314,7 +320,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
     for (extra, field) in cases {
         let id = Uuid::new_v4();
         create::prepare_dirs(&paths, id, false).unwrap();
-        let spec = container_spec(&docker, &paths, id, "tester", &image);
+        let spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
         let mut args = create_flags(&spec);
         args.extend(extra.iter().map(|s| (*s).to_string()));
         args.push(image_id.clone());
@@ -335,7 +341,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
             workspace_from: None,
         };
         let info = engine.inspect(&spec.name).await.unwrap().unwrap();
-        let verdict = resume::check(&record, Some(&info), Some(true));
+        let verdict = resume::check(record.origin(), Some(&info), Some(true));
         if field.is_empty() {
             assert_eq!(verdict, Ok(()), "made by hand exactly as the broker would");
         } else {
@@ -368,7 +374,10 @@ async fn create_ready_stop_start_ready_with_the_real_image() {
     let metrics = Arc::new(Metrics::default());
     let config = broker_config(data.path(), &image, &guard);
     let limits = config.limits.clone();
-    let (broker, core) = owner::spawn(config, engine, metrics.clone()).await.unwrap();
+    let backend = Arc::new(DockerBackend::for_broker(engine, &config));
+    let (broker, core) = owner::spawn_backend(config, backend, metrics.clone())
+        .await
+        .unwrap();
 
     let t = Instant::now();
     let created = broker.create(CreateComputer::default()).await.unwrap();
@@ -384,15 +393,11 @@ async fn create_ready_stop_start_ready_with_the_real_image() {
     assert_eq!(inspect(&name, "{{.HostConfig.NetworkMode}}"), "none");
     assert_eq!(inspect(&name, "{{json .HostConfig.CapDrop}}"), r#"["ALL"]"#);
     let cap_add = inspect(&name, "{{json .HostConfig.CapAdd}}");
-    for cap in create::SUPERVISOR_CAPABILITIES {
+    for cap in SUPERVISOR_CAPABILITIES {
         assert!(cap_add.contains(cap), "{cap} missing in {cap_add}");
     }
     let caps: Vec<String> = serde_json::from_str(&cap_add).unwrap();
-    assert_eq!(
-        caps.len(),
-        create::SUPERVISOR_CAPABILITIES.len(),
-        "{cap_add}"
-    );
+    assert_eq!(caps.len(), SUPERVISOR_CAPABILITIES.len(), "{cap_add}");
     assert!(inspect(&name, "{{json .HostConfig.SecurityOpt}}").contains("no-new-privileges"));
     assert_eq!(inspect(&name, "{{.HostConfig.IpcMode}}"), "private");
     assert_eq!(inspect(&name, "{{.HostConfig.CgroupnsMode}}"), "private");
@@ -514,7 +519,8 @@ async fn a_symlink_planted_at_the_socket_path_is_refused() {
     let data = TempDir::new("dm-symlink");
     let engine: Arc<dyn Engine> = Arc::new(DockerEngine::connect().await.unwrap());
     let config = broker_config(data.path(), &image, &guard);
-    let (broker, _core) = owner::spawn(config, engine, Arc::new(Metrics::default()))
+    let backend = Arc::new(DockerBackend::for_broker(engine, &config));
+    let (broker, _core) = owner::spawn_backend(config, backend, Arc::new(Metrics::default()))
         .await
         .unwrap();
     let id = broker.create(CreateComputer::default()).await.unwrap().id;

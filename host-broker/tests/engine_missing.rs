@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use dormouse_broker::engine::docker::DockerEngine;
+use dormouse_broker::engine::docker::{DockerBackend, DockerEngine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::{owner, BrokerConfig};
 use dormouse_e2e::TempDir;
@@ -22,7 +22,8 @@ async fn without_an_engine_the_broker_serves_and_answers_503() {
         .await
         .expect("an absent engine is not a connect error");
     let config = BrokerConfig::new(data.path().join("state"));
-    let (broker, core) = owner::spawn(config, Arc::new(engine), Arc::new(Metrics::default()))
+    let backend = Arc::new(DockerBackend::for_broker(Arc::new(engine), &config));
+    let (broker, core) = owner::spawn_backend(config, backend, Arc::new(Metrics::default()))
         .await
         .expect("the core starts without an engine");
     let err = broker.create(CreateComputer::default()).await.unwrap_err();

@@ -17,12 +17,15 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::{Dialect, DockerEngine, GuestChannel};
-use dormouse_broker::engine::Engine;
+use dormouse_broker::engine::docker::{
+    Dialect, DockerBackend, DockerConfig, DockerEngine, Engine, GuestChannel,
+};
 use dormouse_broker::guest::{GuestError, GuestRelay, GuestSocket};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
-use dormouse_broker::screen::{OwnerScreenHost, ScreenHost};
+use dormouse_broker::api::screen_host::OwnerScreenHost;
+use dormouse_broker::screen::ScreenHost;
+use dormouse_broker::store::Paths;
 use dormouse_e2e::{desktop_image, docker_available, TempDir};
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::screen::ScreenMode;
@@ -68,15 +71,19 @@ async fn a_broker_reaches_its_desktops_only_through_the_bridge() {
     let engine: Arc<dyn Engine> = Arc::new(DockerEngine::connect().await.unwrap());
     let config = broker_config(data.path(), &image, &guard);
     let since = engine_now();
-    let (broker, _core) = owner::spawn_docker_api(
-        config,
+    let backend = DockerBackend::new(
         engine.clone(),
-        Dialect::Docker,
-        GuestChannel::Bridge,
-        Arc::new(Metrics::default()),
-    )
-    .await
-    .unwrap();
+        DockerConfig {
+            dialect: Dialect::Docker,
+            guest_channel: GuestChannel::Bridge,
+            ..DockerConfig::from_broker(&config)
+        },
+        Paths::new(&config.data_dir),
+    );
+    let (broker, _core) =
+        owner::spawn_backend(config, Arc::new(backend), Arc::new(Metrics::default()))
+            .await
+            .unwrap();
 
     let t = Instant::now();
     let created = broker.create(CreateComputer::default()).await.unwrap();

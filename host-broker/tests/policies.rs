@@ -13,8 +13,7 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::DockerEngine;
-use dormouse_broker::engine::Engine;
+use dormouse_broker::engine::docker::{DockerBackend, DockerEngine, Engine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::{owner, BrokerError};
 use dormouse_e2e::{desktop_image, docker_available, TempDir};
@@ -43,7 +42,8 @@ async fn an_idle_desktop_is_only_stopped_and_the_reason_outlives_the_broker() {
     let mut config = broker_config(data.path(), &image, &guard);
     config.idle_timeout = Duration::from_secs(2);
     let metrics = Arc::new(Metrics::default());
-    let (broker, core) = owner::spawn(config.clone(), engine().await, metrics.clone())
+    let backend = Arc::new(DockerBackend::for_broker(engine().await, &config));
+    let (broker, core) = owner::spawn_backend(config.clone(), backend, metrics.clone())
         .await
         .unwrap();
     let id = broker.create(CreateComputer::default()).await.unwrap().id;
@@ -84,7 +84,10 @@ async fn an_idle_desktop_is_only_stopped_and_the_reason_outlives_the_broker() {
     drop(broker);
     core.await.unwrap();
     config.idle_timeout = Duration::from_secs(3600);
-    let (broker, _core) = owner::spawn(config, engine().await, metrics).await.unwrap();
+    let backend = Arc::new(DockerBackend::for_broker(engine().await, &config));
+    let (broker, _core) = owner::spawn_backend(config, backend, metrics)
+        .await
+        .unwrap();
     let status = broker.get(id).await.unwrap();
     assert_eq!(status.stop_reason, Some(StopReason::Idle));
     broker.start(id, None).await.unwrap();
@@ -108,7 +111,8 @@ async fn stale_generations_are_refused_and_resume_ignores_capacity() {
     let mut config = broker_config(data.path(), &image, &guard);
     config.max_instances = 1;
     let metrics = Arc::new(Metrics::default());
-    let (broker, _core) = owner::spawn(config, engine().await, metrics.clone())
+    let backend = Arc::new(DockerBackend::for_broker(engine().await, &config));
+    let (broker, _core) = owner::spawn_backend(config, backend, metrics.clone())
         .await
         .unwrap();
     let a = broker.create(CreateComputer::default()).await.unwrap().id;

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use dormouse_broker::screen::{self, Refusal, ScreenGateway, ScreenHost};
+use dormouse_broker::api::screen_routes;
+use dormouse_broker::screen::{Refusal, ScreenGateway, ScreenHost};
 use dormouse_e2e::rfb::{
     cut_text, key_event, pointer_event, set_encodings, update_request, FakeVncServer, RfbViewer,
     TokenIn, FAKE_HEIGHT, FAKE_WIDTH,
@@ -99,7 +100,7 @@ impl Harness {
         }
         let mut gateway = ScreenGateway::new(host.clone(), CancellationToken::new());
         gateway.limits.send_stall = Duration::from_secs(1);
-        let app = screen::api::router(gateway.clone());
+        let app = screen_routes::router(gateway.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api_support::{Harness, TOKEN};
-use dormouse_broker::screen::{viewer, Refusal, ScreenGateway, ScreenHost};
+use dormouse_broker::api::screen_viewer as viewer;
+use dormouse_broker::screen::{Refusal, ScreenGateway, ScreenHost};
 use dormouse_e2e::rfb::FakeVncServer;
 use dormouse_protocol::api::BrokerEvent;
 use dormouse_protocol::screen::{RevokeReason, ScreenMode};

@@ -17,7 +17,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormouse_broker::screen::{self, Refusal, ScreenGateway, ScreenHost};
+use dormouse_broker::api::screen_routes;
+use dormouse_broker::screen::{Refusal, ScreenGateway, ScreenHost};
 use dormouse_e2e::rfb::{pointer_event, set_encodings, update_request, RfbViewer, TokenIn};
 use dormouse_e2e::{desktop_image, docker_available, docker_ok, unique_name, ContainerGuard};
 use dormouse_protocol::screen::{ScreenGrant, ScreenMode};
@@ -170,7 +171,7 @@ async fn view_input_never_reaches_x11vnc_and_control_input_does() {
     let ws = format!("ws://{}", listener.local_addr().unwrap());
     let registry = gateway.registry.clone();
     tokio::spawn(async move {
-        axum::serve(listener, screen::api::router(gateway))
+        axum::serve(listener, screen_routes::router(gateway))
             .await
             .unwrap();
     });

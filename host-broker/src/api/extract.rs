@@ -13,10 +13,10 @@ use dormouse_protocol::api::{ErrorCode, GENERATION_HEADER};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use super::body::BodyTimedOut;
 use super::error::HttpError;
 use super::BODY_LIMIT;
 use crate::command::Fence;
-use crate::daemon::serve::BodyTimedOut;
 
 /// The `{id}` of a computer route, parsed as a UUID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

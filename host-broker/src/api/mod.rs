@@ -14,13 +14,17 @@
 
 mod actions;
 pub mod auth;
+pub mod body;
 mod computers;
 pub mod error;
 mod events;
 pub mod extract;
 mod panel;
 mod processes;
+pub mod screen_host;
+pub mod screen_routes;
 pub mod screen_state;
+pub mod screen_viewer;
 mod workspace;
 
 use std::sync::Arc;
@@ -66,7 +70,7 @@ pub struct ApiState {
     /// The live-screen gateway (its host refuses until the daemon wires it).
     pub screens: crate::screen::ScreenGateway,
     /// Where the panel's noVNC library is served from.
-    pub novnc: crate::screen::viewer::NovncDir,
+    pub novnc: crate::api::screen_viewer::NovncDir,
 }
 
 impl ApiState {
@@ -74,7 +78,7 @@ impl ApiState {
     pub fn new(broker: BrokerHandle, metrics: Arc<Metrics>, token: ApiToken) -> Self {
         Self {
             screens: screen_state::unwired(&broker),
-            novnc: crate::screen::viewer::NovncDir(None),
+            novnc: crate::api::screen_viewer::NovncDir(None),
             broker,
             metrics,
             token,
@@ -219,44 +223,44 @@ impl Routes {
             .add(
                 Token,
                 Method::POST,
-                crate::screen::api::SCREENS_PATH,
-                crate::screen::api::create,
+                crate::api::screen_routes::SCREENS_PATH,
+                crate::api::screen_routes::create,
             )
             .add(
                 Token,
                 Method::GET,
-                crate::screen::api::SCREENS_PATH,
-                crate::screen::api::list,
+                crate::api::screen_routes::SCREENS_PATH,
+                crate::api::screen_routes::list,
             )
             .add(
                 Token,
                 Method::DELETE,
-                crate::screen::api::SCREEN_PATH,
-                crate::screen::api::revoke,
+                crate::api::screen_routes::SCREEN_PATH,
+                crate::api::screen_routes::revoke,
             )
             .add(
                 Public,
                 Method::GET,
-                crate::screen::api::RFB_PATH,
-                crate::screen::api::rfb,
+                crate::api::screen_routes::RFB_PATH,
+                crate::api::screen_routes::rfb,
             )
             .add(
                 Public,
                 Method::GET,
-                crate::screen::viewer::PAGE_PATH,
-                crate::screen::viewer::page,
+                crate::api::screen_viewer::PAGE_PATH,
+                crate::api::screen_viewer::page,
             )
             .add(
                 Public,
                 Method::GET,
-                crate::screen::viewer::SCRIPT_PATH,
-                crate::screen::viewer::script,
+                crate::api::screen_viewer::SCRIPT_PATH,
+                crate::api::screen_viewer::script,
             )
             .add(
                 Public,
                 Method::GET,
-                crate::screen::viewer::NOVNC_ROUTE,
-                crate::screen::viewer::novnc,
+                crate::api::screen_viewer::NOVNC_ROUTE,
+                crate::api::screen_viewer::novnc,
             )
             .add(
                 Token,

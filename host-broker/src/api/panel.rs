@@ -13,7 +13,7 @@ const PANEL_CSS: &str = include_str!("panel/panel.css");
 const PANEL_JS: &str = include_str!("panel/panel.js");
 
 /// Only our own script and style (the live screen's noVNC is served from
-/// here too, by [`crate::screen::viewer`]); screenshots arrive as `blob:`
+/// here too, by [`crate::api::screen_viewer`]); screenshots arrive as `blob:`
 /// URLs, noVNC's cursor as a `data:` image.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; \

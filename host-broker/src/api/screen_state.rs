@@ -1,7 +1,7 @@
 //! The API state's screen parts: the gateway an [`ApiState`] starts with
 //! (refusing everything until the daemon wires the owner's in) and the
 //! extraction of the gateway and the noVNC directory from the state. The
-//! screen routes themselves are [`crate::screen::api`]'s. It decides
+//! screen routes themselves are [`crate::api::screen_routes`]'s. It decides
 //! nothing.
 
 use std::sync::Arc;
@@ -13,8 +13,8 @@ use tokio::net::UnixStream;
 use uuid::Uuid;
 
 use super::ApiState;
+use crate::api::screen_viewer::NovncDir;
 use crate::command::BrokerHandle;
-use crate::screen::viewer::NovncDir;
 use crate::screen::{Refusal, ScreenGateway, ScreenHost};
 
 /// A gateway whose host refuses everything (503): what an [`ApiState`]

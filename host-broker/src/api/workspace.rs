@@ -25,10 +25,10 @@ use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::body::BodyDeadline;
 use super::error::HttpError;
 use super::extract::{ComputerId, Generation, JsonBody};
 use super::{computers, ApiState};
-use crate::daemon::serve::BodyDeadline;
 use crate::error::BrokerError;
 use crate::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use crate::workspace::stream::{Chunk, DEFAULT_CHUNK};

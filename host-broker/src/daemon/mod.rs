@@ -26,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, ApiState, ApiToken};
 use crate::command::BrokerHandle;
 use crate::config::{BrokerConfig, ResourceLimits};
-use crate::engine::docker::{Dialect, DockerEngine, GuestChannel};
+use crate::engine::docker::{Dialect, DockerBackend, DockerConfig, DockerEngine, GuestChannel};
+use crate::engine::Backend;
 use crate::metrics::Metrics;
 use crate::owner;
+use crate::paths::Paths;
 pub use listen::{Activation, ApiListener, ListenAddr};
 pub use logging::LogFormat;
 pub use serve::ServeLimits;
@@ -152,7 +154,7 @@ pub struct DaemonArgs {
     pub log_level: Option<String>,
     /// Where noVNC is installed (the panel's live screen); without it the
     /// panel shows still screenshots.
-    #[arg(long, value_name = "DIR", default_value = crate::screen::viewer::DEFAULT_NOVNC_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::api::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
 }
 
@@ -389,15 +391,30 @@ pub fn prepare_data_dir(path: &Path) -> Result<(), DaemonError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
-/// Starts the broker core (reconcile included) over the Docker-API engine
-/// at `socket`; which engine answered (Docker or Podman) decides the dialect
-/// and is reported on `/healthz`.
+/// Builds the backend and starts the broker core (reconcile included) over
+/// it; returns, beside the core, which engine answered, for `/healthz`.
 async fn spawn_core(
     config: BrokerConfig,
     socket: Option<&str>,
     guest_channel: GuestChannel,
     metrics: Arc<Metrics>,
 ) -> Result<(BrokerHandle, JoinHandle<()>, Option<String>), DaemonError> {
+    let (backend, identity) = build_backend(&config, socket, guest_channel).await?;
+    let (handle, task) = owner::spawn_backend(config, backend, metrics)
+        .await
+        .map_err(|e| DaemonError::Core(e.to_string()))?;
+    Ok((handle, task, identity))
+}
+
+/// The one place a backend is chosen and built. Today that is the
+/// Docker-API backend over the engine at `socket`; which engine answered
+/// (Docker or Podman) decides its dialect. A second backend is picked here,
+/// by a flag.
+async fn build_backend(
+    config: &BrokerConfig,
+    socket: Option<&str>,
+    guest_channel: GuestChannel,
+) -> Result<(Arc<dyn Backend>, Option<String>), DaemonError> {
     let engine = DockerEngine::connect_to(socket)
         .await
         .map_err(|e| DaemonError::Engine(e.to_string()))?;
@@ -409,11 +426,16 @@ async fn spawn_core(
             Dialect::Docker
         }
     };
-    let (handle, task) =
-        owner::spawn_docker_api(config, Arc::new(engine), dialect, guest_channel, metrics)
-            .await
-            .map_err(|e| DaemonError::Core(e.to_string()))?;
-    Ok((handle, task, identity.map(|i| i.to_string())))
+    let backend = DockerBackend::new(
+        Arc::new(engine),
+        DockerConfig {
+            dialect,
+            guest_channel,
+            ..DockerConfig::from_broker(config)
+        },
+        Paths::new(&config.data_dir),
+    );
+    Ok((Arc::new(backend), identity.map(|i| i.to_string())))
 }
 
 /// SIGHUP: re-read the token file, so a token can be rotated without a

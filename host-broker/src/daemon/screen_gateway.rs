@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::api::screen_host::OwnerScreenHost;
+use crate::api::screen_viewer::NovncDir;
 use crate::api::ApiState;
-use crate::screen::viewer::NovncDir;
-use crate::screen::{OwnerScreenHost, ScreenGateway};
+use crate::screen::ScreenGateway;
 
 /// How often expired capabilities are dropped (each connection also closes
 /// at its own deadline; this only frees their entries).

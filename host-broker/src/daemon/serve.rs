@@ -16,7 +16,6 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::listen::ApiListener;
+pub use crate::api::body::{BodyDeadline, BodyTimedOut};
 
 /// Default deadline for a request's head (request line and headers), and for
 /// the silence of a kept-alive connection between two requests.
@@ -78,26 +78,6 @@ impl Default for ServeLimits {
         }
     }
 }
-
-/// Put into every request's extensions. A handler that streams a large
-/// body (a file or a workspace upload) calls [`BodyDeadline::per_frame`]:
-/// from then on the body deadline counts from the last frame received, so a
-/// long upload that keeps moving is never cut, and one that stalls is.
-#[derive(Debug, Clone, Default)]
-pub struct BodyDeadline(Arc<AtomicBool>);
-
-impl BodyDeadline {
-    /// Counts the body deadline from the last frame instead of the head.
-    pub fn per_frame(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-/// The error a request body reports when it did not arrive in time; the JSON
-/// extractor answers it with 408.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within {0:?}")]
-pub struct BodyTimedOut(pub Duration);
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then lets the
 /// open connections finish (hyper's graceful shutdown) and returns once every
@@ -283,7 +263,7 @@ impl hyper::body::Body for TimedBody {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                if this.per_frame.0.load(Ordering::Relaxed) {
+                if this.per_frame.counts_per_frame() {
                     this.deadline = tokio::time::Instant::now() + this.limit;
                     this.timer = None;
                 }

@@ -13,6 +13,7 @@
 
 pub mod docker;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,12 +26,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::guest::GuestSocket;
-use crate::store::ComputerRecord;
 
-pub use docker::api::{
-    normalize_cap, parse_engine_time, BindMount, ContainerInfo, ContainerSpec, ContainerSummary,
-    Engine, EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, Ulimit,
-};
 #[cfg(any(test, feature = "test-support"))]
 pub use docker::fake;
 
@@ -127,9 +123,55 @@ impl Refusal {
 /// The backend's own judgement of whether a stopped desktop is still the one
 /// its record was created as. Backend-private facts stay behind this trait.
 pub trait Provenance: fmt::Debug + Send + Sync {
-    /// Every resume check against `record`; `image_present` is `None` when
+    /// Every resume check against `origin`; `image_present` is `None` when
     /// unknown (which fails closed).
-    fn check(&self, record: &ComputerRecord, image_present: Option<bool>) -> Result<(), Refusal>;
+    fn check(&self, origin: Origin<'_>, image_present: Option<bool>) -> Result<(), Refusal>;
+}
+
+/// What a desktop was made as, read from its computer's record: the facts a
+/// backend creates it from ([`Backend::provision`]) and judges a resume
+/// against ([`Provenance`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    /// The computer.
+    pub id: Uuid,
+    /// Its owner key.
+    pub owner: &'a str,
+    /// The immutable ID of the image it was created from.
+    pub image_id: &'a str,
+    /// The backend's creation settings ([`Backend::spec`]).
+    pub spec: &'a BackendSpec,
+}
+
+/// The fixed hostname of a desktop: `desk-<first 8 hex digits of the id>`.
+pub fn hostname(id: Uuid) -> String {
+    let simple = id.simple().to_string();
+    format!("desk-{}", &simple[..8])
+}
+
+/// What a desktop runs unless told otherwise, as its image declares it (the
+/// OCI image configuration: entrypoint, command, user).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    /// Entrypoint (the supervisor).
+    pub entrypoint: Vec<String>,
+    /// Arguments.
+    pub cmd: Vec<String>,
+    /// User (empty: root, the supervisor drops privileges itself).
+    pub user: String,
+}
+
+/// A desktop image as the broker knows it: its immutable identity, the
+/// labels it declares (`dev.dormouse.protocol`, `dev.dormouse.recipe`, …)
+/// and what it runs. Where a backend keeps its images is its own business.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Immutable content ID, `sha256:…`.
+    pub id: String,
+    /// The image's labels.
+    pub labels: BTreeMap<String, String>,
+    /// What a desktop of it runs unless told otherwise.
+    pub process: Process,
 }
 
 /// One desktop as the broker needs it.
@@ -151,12 +193,36 @@ pub struct Desktop {
 
 impl Desktop {
     /// The resume check on this desktop.
-    pub fn check(
-        &self,
-        record: &ComputerRecord,
-        image_present: Option<bool>,
-    ) -> Result<(), Refusal> {
-        self.provenance.check(record, image_present)
+    pub fn check(&self, origin: Origin<'_>, image_present: Option<bool>) -> Result<(), Refusal> {
+        self.provenance.check(origin, image_present)
+    }
+}
+
+/// What the broker last learnt from the backend about a computer's desktop:
+/// the backend half of the owner's state of each computer, refreshed on
+/// start-up, on every change the backend reports and after every operation.
+#[derive(Debug, Clone)]
+pub enum Observed {
+    /// The backend could not be asked; why.
+    Unknown(String),
+    /// The backend has no such desktop.
+    Missing,
+    /// The desktop as observed.
+    Present(Box<Desktop>),
+}
+
+impl Observed {
+    /// The desktop, when the backend reported one.
+    pub fn info(&self) -> Option<&Desktop> {
+        match self {
+            Self::Present(info) => Some(info),
+            _ => None,
+        }
+    }
+
+    /// Whether the desktop is up.
+    pub fn is_up(&self) -> bool {
+        self.info().is_some_and(|i| i.state.is_up())
     }
 }
 
@@ -166,7 +232,7 @@ struct NoProvenance;
 
 #[cfg(test)]
 impl Provenance for NoProvenance {
-    fn check(&self, _: &ComputerRecord, _: Option<bool>) -> Result<(), Refusal> {
+    fn check(&self, _: Origin<'_>, _: Option<bool>) -> Result<(), Refusal> {
         Ok(())
     }
 }
@@ -194,7 +260,7 @@ impl Desktop {
 #[serde(untagged)]
 pub enum BackendSpec {
     /// A container of a Docker-API engine.
-    Docker(ContainerSpec),
+    Docker(docker::ContainerSpec),
 }
 
 impl BackendSpec {
@@ -206,8 +272,8 @@ impl BackendSpec {
     }
 }
 
-impl PartialEq<ContainerSpec> for BackendSpec {
-    fn eq(&self, other: &ContainerSpec) -> bool {
+impl PartialEq<docker::ContainerSpec> for BackendSpec {
+    fn eq(&self, other: &docker::ContainerSpec) -> bool {
         match self {
             Self::Docker(spec) => spec == other,
         }
@@ -256,13 +322,14 @@ pub enum ChangeProbe {
 /// Every verb names a desktop by its computer id; how the backend finds it
 /// (a container name, a pod) is the backend's convention.
 pub trait Backend: Send + Sync + fmt::Debug {
-    /// Resolves an image reference (tag or ID); `None` when absent.
-    fn image<'a>(&'a self, reference: &'a str) -> BackendFuture<'a, Option<ImageInfo>>;
+    /// Resolves an image reference (tag or ID) to the image's identity;
+    /// `None` when absent.
+    fn image<'a>(&'a self, reference: &'a str) -> BackendFuture<'a, Option<Image>>;
     /// The creation settings of a new desktop, persisted before
     /// [`Backend::provision`] is asked.
-    fn spec(&self, id: Uuid, owner: &str, image: &ImageInfo) -> BackendSpec;
+    fn spec(&self, id: Uuid, owner: &str, image: &Image) -> BackendSpec;
     /// Creates and starts the desktop of a persisted record.
-    fn provision<'a>(&'a self, record: &'a ComputerRecord) -> BackendFuture<'a, ()>;
+    fn provision<'a>(&'a self, origin: Origin<'a>) -> BackendFuture<'a, ()>;
     /// Starts a stopped desktop again, the same one (never recreates it).
     fn resume(&self, id: Uuid) -> BackendFuture<'_, ()>;
     /// Stops a running desktop; `grace` is how long its processes get after

@@ -1,10 +1,10 @@
 //! `create`: a new computer from an image with a compatible protocol, in a
-//! hardened container, with its workspace and run directory on the host.
+//! hardened desktop, with its workspace and run directory on the host.
 //!
 //! The image is resolved to its immutable ID first; the record is persisted
 //! (by the owner) before the desktop is provisioned; only then does the
-//! backend create and start it (how it is hardened is the backend's:
-//! [`crate::engine::docker::spec`]). A workspace adopted from a removed
+//! backend create and start it (how it is hardened is the backend's own
+//! business, behind [`Backend::provision`]). A workspace adopted from a removed
 //! computer is moved only after the record naming it is on disk.
 
 use std::fs;
@@ -14,12 +14,10 @@ use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::{LABEL_PROTOCOL, PROTOCOL_VERSION};
 use uuid::Uuid;
 
-use super::{hostname, OpContext};
-use crate::engine::{Backend, Desktop, ImageInfo};
+use super::OpContext;
+use crate::engine::{hostname, Backend, Desktop, Image};
 use crate::error::BrokerError;
 use crate::store::{ensure_dir, ComputerRecord, Paths, StoreError};
-
-pub use crate::engine::docker::spec::{GUEST_RUN_DIR, GUEST_WORKSPACE, SUPERVISOR_CAPABILITIES};
 
 /// uid and gid of the desk user in the guest.
 pub const DESK_UID: u32 = 1000;
@@ -108,7 +106,7 @@ fn is_format(c: char) -> bool {
 }
 
 /// Whether an image's protocol label is one this broker speaks.
-pub fn check_protocol_label(image: &ImageInfo) -> Result<(), BrokerError> {
+pub fn check_protocol_label(image: &Image) -> Result<(), BrokerError> {
     let Some(raw) = image.labels.get(LABEL_PROTOCOL) else {
         return Err(BrokerError::Image(format!(
             "image {} has no {LABEL_PROTOCOL} label: not a Dormouse desktop image",
@@ -129,10 +127,7 @@ pub fn check_protocol_label(image: &ImageInfo) -> Result<(), BrokerError> {
 }
 
 /// Resolves the configured image to its immutable ID and checks its label.
-pub async fn resolve_image(
-    backend: &dyn Backend,
-    reference: &str,
-) -> Result<ImageInfo, BrokerError> {
+pub async fn resolve_image(backend: &dyn Backend, reference: &str) -> Result<Image, BrokerError> {
     let image = backend
         .image(reference)
         .await?
@@ -199,11 +194,11 @@ fn chown_to_desk(paths: &Paths, id: Uuid) {
 /// Provisions the desktop of a persisted record; returns what the backend
 /// says of it after the start.
 pub async fn run(ctx: &OpContext, record: &ComputerRecord) -> Result<Desktop, BrokerError> {
-    ctx.backend.provision(record).await?;
+    ctx.backend.provision(record.origin()).await?;
     ctx.backend
         .observe(record.id)
         .await?
-        .ok_or_else(|| BrokerError::Internal("the container vanished right after its start".into()))
+        .ok_or_else(|| BrokerError::Internal("the desktop vanished right after its start".into()))
 }
 
 #[cfg(test)]
@@ -213,7 +208,7 @@ mod tests {
 
     #[test]
     fn protocol_labels_are_checked() {
-        let image = |v: Option<&str>| ImageInfo {
+        let image = |v: Option<&str>| Image {
             id: "sha256:x".into(),
             process: Default::default(),
             labels: v

@@ -41,34 +41,7 @@ impl OpContext {
     }
 }
 
-/// The container name of a computer: `dormouse-<id>` (the Docker backend's
-/// convention).
-pub fn container_name(id: Uuid) -> String {
-    crate::engine::docker::spec::container_name(id)
-}
-
-/// The fixed hostname of a computer: `desk-<first 8 hex digits of the id>`.
-pub fn hostname(id: Uuid) -> String {
-    let simple = id.simple().to_string();
-    format!("desk-{}", &simple[..8])
-}
-
 /// The key stop reasons are filed under (hashed by the store).
 pub fn stop_key(id: Uuid) -> String {
     id.to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_fixed_per_computer() {
-        let id = Uuid::parse_str("0123abcd-4567-89ab-cdef-0123456789ab").expect("uuid");
-        assert_eq!(
-            container_name(id),
-            "dormouse-0123abcd-4567-89ab-cdef-0123456789ab"
-        );
-        assert_eq!(hostname(id), "desk-0123abcd");
-    }
 }

@@ -2,8 +2,8 @@
 //! passes against the record of how it was created.
 //!
 //! The checks fail closed: backend reachable, desktop present and stopped,
-//! and everything the backend judges of how it was made ([`Desktop::check`];
-//! for containers, see [`crate::engine::docker::resume`]). Anything unknown is
+//! and everything the backend judges of how it was made ([`Desktop::check`],
+//! the backend's [`crate::engine::Provenance`]). Anything unknown is
 //! a refusal with a reason. Resume never creates, removes or recreates
 //! anything.
 
@@ -33,7 +33,7 @@ pub fn check(
             "{} is missing",
             record.spec.describe()
         ))),
-        Some(desktop) => desktop.check(record, image_present),
+        Some(desktop) => desktop.check(record.origin(), image_present),
     }
 }
 
@@ -51,5 +51,5 @@ pub async fn run(ctx: &OpContext, record: &ComputerRecord) -> Result<Desktop, Br
     backend
         .observe(record.id)
         .await?
-        .ok_or_else(|| BrokerError::Internal("the container vanished right after its start".into()))
+        .ok_or_else(|| BrokerError::Internal("the desktop vanished right after its start".into()))
 }

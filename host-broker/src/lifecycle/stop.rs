@@ -1,5 +1,5 @@
-//! `stop`: quiesce through the supervisor (bounded), then engine stop, with
-//! the reason recorded against the engine's `FinishedAt`.
+//! `stop`: quiesce through the supervisor (bounded), then the backend's
+//! suspend, with the reason recorded against the desktop's `FinishedAt`.
 //!
 //! Order matters for crash safety: the *intent* is persisted ([`begin`])
 //! before the stop is reported as under way or anything is asked of the guest
@@ -45,12 +45,11 @@ pub fn begin(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<StopRecord
 
 /// Stops a running computer whose intent is recorded ([`begin`]).
 pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stopped, BrokerError> {
-    let name = super::container_name(id);
     let info = ctx
         .backend
         .observe(id)
         .await?
-        .ok_or_else(|| BrokerError::WrongState(format!("container {name} is missing")))?;
+        .ok_or_else(|| BrokerError::WrongState("the desktop is missing".into()))?;
     if !info.state.is_up() {
         // Nothing to stop: the intent matches no stop.
         ctx.stops.clear(&stop_key(id))?;
@@ -88,10 +87,10 @@ pub async fn quiesce(ctx: &OpContext, id: Uuid) -> Option<Quiesced> {
     }
 }
 
-/// The engine half of a stop whose intent is recorded: engine stop, inspect,
-/// then confirm (or drop) the intent according to what the engine says.
+/// The backend half of a stop whose intent is recorded: suspend, observe,
+/// then confirm (or drop) the intent according to what the backend says.
 ///
-/// Once the engine says the container is down the stop has happened, so a
+/// Once the backend says the desktop is down the stop has happened, so a
 /// confirmation that cannot be saved (a full disk) does not turn it into a
 /// failure: it comes back as the third value, the reason it was not saved.
 pub async fn finish(
@@ -99,7 +98,6 @@ pub async fn finish(
     id: Uuid,
     intent: &StopRecord,
 ) -> Result<(Desktop, StopRecord, Option<String>), BrokerError> {
-    let name = super::container_name(id);
     let key = stop_key(id);
     let stopped = ctx.backend.suspend(id, ctx.config.stop_timeout).await;
     let after = ctx.backend.observe(id).await;
@@ -118,7 +116,7 @@ pub async fn finish(
         (Ok(()), Ok(Some(info))) => {
             ctx.stops.clear(&key)?;
             Err(BrokerError::Internal(format!(
-                "the engine stopped {name} but it is {}",
+                "the backend stopped the desktop but it is {}",
                 info.state
             )))
         }
@@ -129,9 +127,7 @@ pub async fn finish(
         }
         (_, Ok(None)) => {
             ctx.stops.clear(&key)?;
-            Err(BrokerError::WrongState(format!(
-                "container {name} vanished"
-            )))
+            Err(BrokerError::WrongState("the desktop vanished".into()))
         }
         (Err(e), Err(_)) | (Ok(()), Err(e)) => {
             // Unknown outcome: keep the intent; reconciliation finishes it.

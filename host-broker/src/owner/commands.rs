@@ -18,11 +18,12 @@ use super::computer::{Computer, PendingTakeover};
 use super::ops::OpKind;
 use super::{disarm_idle, stop_follower, takeover_grace, Internal, Owner};
 use crate::command::{Command, Fence, Reply};
-use crate::engine::ImageInfo;
+use crate::engine::Image;
+use crate::engine::Observed;
 use crate::error::BrokerError;
 use crate::idle::{IdleTimer, MAX_WINDOW, MIN_WINDOW};
 use crate::lifecycle::create;
-use crate::reconcile::{EngineView, Orphan};
+use crate::reconcile::Orphan;
 use crate::store::{computer::RECORD_SCHEMA, lease, ComputerRecord, Lease};
 
 /// What a command handler did with its reply.
@@ -188,7 +189,7 @@ impl Owner {
                 return Err(BrokerError::WrongState(format!(
                     "the workspace of {from} is being adopted already"
                 )));
-            } else if !self.ctx.paths.workspace(from).is_dir() {
+            } else if !self.ctx.backend.workspace(from).is_dir() {
                 return Err(BrokerError::BadRequest(format!(
                     "no kept workspace of computer {from}"
                 )));
@@ -206,7 +207,7 @@ impl Owner {
     pub(super) fn on_resolved(
         &mut self,
         request: CreateComputer,
-        result: Result<ImageInfo, BrokerError>,
+        result: Result<Image, BrokerError>,
         reply: Reply<ComputerStatus>,
     ) {
         self.pending_creates = self.pending_creates.saturating_sub(1);
@@ -219,7 +220,7 @@ impl Owner {
                 tracing::info!(computer = %id, owner = %record.owner, image = %record.image_id, adopted = ?request.workspace_from, "creating");
                 let window = self.window_of(&record);
                 let mut computer = Computer::new(record, IdleTimer::new(window, Instant::now()));
-                computer.engine = EngineView::Missing;
+                computer.engine = Observed::Missing;
                 computer.image_present = Some(true);
                 self.computers.insert(id, computer);
                 self.launch_create(id, reply);
@@ -237,7 +238,7 @@ impl Owner {
     fn persist_new(
         &mut self,
         request: &CreateComputer,
-        image: ImageInfo,
+        image: Image,
     ) -> Result<ComputerRecord, BrokerError> {
         let id = Uuid::new_v4();
         let naming = create::validate(request, id)?;
@@ -301,9 +302,9 @@ impl Owner {
             Err(e) => return Answer::Now(reply, Err(e)),
         };
         let down = match &c.engine {
-            EngineView::Missing => true,
-            EngineView::Present(info) => !info.state.is_up(),
-            EngineView::Unknown(_) => false,
+            Observed::Missing => true,
+            Observed::Present(info) => !info.state.is_up(),
+            Observed::Unknown(_) => false,
         };
         if down {
             let e = BrokerError::WrongState("the desktop is not running".into());

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 use super::follow::GuestThrottle;
 use super::ops::{InFlight, OpKind};
 use crate::command::Reply;
+use crate::engine::Observed;
 use crate::idle::IdleTimer;
 use crate::lifecycle::resume;
-use crate::reconcile::EngineView;
 use crate::store::{stop_reason::effective_reason, ComputerRecord, StopRecord};
 
 /// A create or start whose container runs, until the guest says `ready`
@@ -81,7 +81,7 @@ pub struct Computer {
     /// The persisted record.
     pub record: ComputerRecord,
     /// What the engine last said.
-    pub engine: EngineView,
+    pub engine: Observed,
     /// Whether the container was up the last time the engine could say.
     pub last_up: bool,
     /// Whether the recorded image is present (`None`: unknown).
@@ -127,7 +127,7 @@ impl Computer {
     pub fn new(record: ComputerRecord, idle: IdleTimer) -> Self {
         Self {
             record,
-            engine: EngineView::Unknown("not inspected yet".into()),
+            engine: Observed::Unknown("not inspected yet".into()),
             last_up: false,
             image_present: None,
             stop_record: None,
@@ -152,10 +152,10 @@ impl Computer {
     /// The container state for the API.
     pub fn container_state(&self) -> ContainerState {
         match &self.engine {
-            EngineView::Unknown(_) => ContainerState::Unknown,
-            EngineView::Missing => ContainerState::Missing,
-            EngineView::Present(info) if info.state.is_up() => ContainerState::Running,
-            EngineView::Present(_) => ContainerState::Stopped,
+            Observed::Unknown(_) => ContainerState::Unknown,
+            Observed::Missing => ContainerState::Missing,
+            Observed::Present(info) if info.state.is_up() => ContainerState::Running,
+            Observed::Present(_) => ContainerState::Stopped,
         }
     }
 
@@ -212,9 +212,9 @@ impl Computer {
                     .flatten()
             })
             .or_else(|| match &self.engine {
-                EngineView::Unknown(why) => Some(format!("container engine: {why}")),
-                EngineView::Missing => Some(format!("{} is missing", self.record.spec.describe())),
-                EngineView::Present(_) => None,
+                Observed::Unknown(why) => Some(format!("container engine: {why}")),
+                Observed::Missing => Some(format!("{} is missing", self.record.spec.describe())),
+                Observed::Present(_) => None,
             });
 
         let (resumable, resumable_problem) = match &self.op {
@@ -223,7 +223,7 @@ impl Computer {
                 Some(format!("{} is in progress", op.kind().describe())),
             ),
             None => match &self.engine {
-                EngineView::Unknown(why) => (false, Some(format!("container engine: {why}"))),
+                Observed::Unknown(why) => (false, Some(format!("container engine: {why}"))),
                 _ => match resume::check(&self.record, info, self.image_present) {
                     Ok(()) => (true, None),
                     Err(refusal) => (false, Some(refusal.message())),

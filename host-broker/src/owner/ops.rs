@@ -17,10 +17,10 @@ use super::computer::ReadyWait;
 use super::{arm_idle, disarm_idle, stop_follower, takeover_grace, Internal, Owner};
 use crate::command::Reply;
 use crate::engine::Desktop;
+use crate::engine::Observed;
 use crate::error::BrokerError;
 use crate::lifecycle::remove::blocking;
 use crate::lifecycle::{create, remove, resume, stop, stop_key, OpContext};
-use crate::reconcile::EngineView;
 use crate::store::{ComputerRecord, StopRecord};
 use crate::workspace::ImportSummary;
 
@@ -342,14 +342,14 @@ impl Owner {
                     info.exit_code.unwrap_or(-1)
                 ));
                 tracing::warn!(computer = %id, error = %e, "{} failed", kind.describe());
-                c.engine = EngineView::Present(Box::new(info));
+                c.engine = Observed::Present(Box::new(info));
                 c.last_up = false;
                 c.op_problem = Some(e.to_string());
                 let _ = reply.send(Err(e));
             }
             Ok(info) => {
                 tracing::debug!(computer = %id, ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "{} reached the engine's running state", kind.describe());
-                c.engine = EngineView::Present(Box::new(info));
+                c.engine = Observed::Present(Box::new(info));
                 c.last_up = c.engine.is_up();
                 c.image_present = Some(true);
                 c.op_problem = None;
@@ -395,7 +395,7 @@ impl Owner {
         match result {
             Ok(stopped) => {
                 tracing::info!(computer = %id, ?reason, finished_at = ?stopped.record.finished_at, "stopped");
-                c.engine = EngineView::Present(Box::new(stopped.info));
+                c.engine = Observed::Present(Box::new(stopped.info));
                 c.last_up = c.engine.is_up();
                 c.stop_record = Some(stopped.record);
                 c.op_problem = stopped.unsaved.map(|why| {

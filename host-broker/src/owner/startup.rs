@@ -19,10 +19,11 @@ use uuid::Uuid;
 
 use super::computer::Computer;
 use super::{arm_idle, disarm_idle, stop_follower, Internal, Owner, ENGINE_RETRY_MAX};
+use crate::engine::Observed;
 use crate::engine::{Change, ChangeProbe, Listed};
 use crate::idle::IdleTimer;
 use crate::lifecycle::stop_key;
-use crate::reconcile::{self, EngineView, IntentAction, Orphan};
+use crate::reconcile::{self, IntentAction, Orphan};
 use crate::store::ComputerRecord;
 
 impl Owner {
@@ -238,7 +239,7 @@ impl Owner {
         &mut self,
         id: Uuid,
         epoch: u64,
-        view: EngineView,
+        view: Observed,
         image_present: Option<bool>,
     ) {
         let Some(c) = self.computers.get_mut(&id) else {
@@ -262,14 +263,14 @@ impl Owner {
     /// Applies what the backend says. With no operation in flight, a desktop
     /// that came up arms the idle timer and gets a guest follower; one that
     /// went down disarms and drops them; an unconfirmed stop is settled.
-    pub(super) fn apply_view(&mut self, id: Uuid, view: EngineView, image_present: Option<bool>) {
+    pub(super) fn apply_view(&mut self, id: Uuid, view: Observed, image_present: Option<bool>) {
         let now = Instant::now();
         let Some(c) = self.computers.get_mut(&id) else {
             return;
         };
         self.dirty.insert(id);
         let was_up = c.last_up;
-        let known = !matches!(view, EngineView::Unknown(_));
+        let known = !matches!(view, Observed::Unknown(_));
         let now_up = view.is_up();
         c.engine = view;
         if known {
@@ -367,10 +368,10 @@ fn orphan(listed: Listed) -> Orphan {
     }
 }
 
-fn computer_state_of(view: &EngineView) -> String {
+fn computer_state_of(view: &Observed) -> String {
     match view {
-        EngineView::Unknown(why) => format!("unknown ({why})"),
-        EngineView::Missing => "missing".into(),
-        EngineView::Present(info) => info.state.to_string(),
+        Observed::Unknown(why) => format!("unknown ({why})"),
+        Observed::Missing => "missing".into(),
+        Observed::Present(info) => info.state.to_string(),
     }
 }

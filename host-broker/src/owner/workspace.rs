@@ -16,7 +16,7 @@
 //! remove can run beside it, and it only begins on a stopped desktop.
 
 use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -27,53 +27,23 @@ use super::commands::Answer;
 use super::ops::{OpKind, Pending};
 use super::Owner;
 use crate::command::{Fence, Reply};
-use crate::config::WorkspaceLimits;
+use crate::engine::Observed;
 use crate::error::BrokerError;
+use crate::engine::Observed;
 use crate::guest::QuiesceHold;
-use crate::reconcile::EngineView;
 use crate::relay::{self, Purpose};
 use crate::store::Paths;
 use crate::workspace::{
     self, disk_usage, replace_from_tar, ChannelReader, DiskUsage, ImportSummary, WorkspaceRoot,
 };
 
-/// What a workspace request wants to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkspaceAccess {
-    /// Read or list files: any state, never fenced.
-    Read,
-    /// Write or delete files: fenced like every mutating call; refused
-    /// while an import or a remove is under way.
-    Write(Fence),
-    /// Export the whole workspace; with `quiesce` a running desktop's
-    /// browsers are closed first.
-    Export {
-        /// Close a running desktop's browsers first.
-        quiesce: bool,
-    },
-}
-
-/// Where a workspace request may do its work.
-#[derive(Debug)]
-pub struct WorkspaceGrant {
-    /// The computer (or, for a create from a tar, the staging slot).
-    pub id: Uuid,
-    /// The workspace's host path (never shown to a client).
-    pub path: PathBuf,
-    /// The limits to apply.
-    pub limits: WorkspaceLimits,
-    /// For an export: the running desktop's browsers were quiesced.
-    pub quiesced: bool,
-    /// For an export: the guest keeps the browsers closed while this lives
-    /// (drop it when the archive is done, or given up).
-    pub hold: Option<QuiesceHold>,
-}
+pub use crate::command::{WorkspaceAccess, WorkspaceGrant};
 
 impl Owner {
     fn grant(&self, id: Uuid) -> WorkspaceGrant {
         WorkspaceGrant {
             id,
-            path: self.ctx.paths.workspace(id),
+            path: self.ctx.backend.workspace(id),
             limits: self.config().workspace.clone(),
             quiesced: false,
             hold: None,
@@ -189,9 +159,9 @@ impl Owner {
             Err(e) => return Answer::Now(reply, Err(e)),
         };
         let down = match &c.engine {
-            EngineView::Missing => true,
-            EngineView::Present(info) => info.state.is_down(),
-            EngineView::Unknown(_) => false,
+            Observed::Missing => true,
+            Observed::Present(info) => info.state.is_down(),
+            Observed::Unknown(_) => false,
         };
         if !down {
             let e = BrokerError::WrongState(

@@ -5,22 +5,22 @@
 //! - [`registry`] mints, checks, lists, expires and revokes capabilities;
 //! - [`rfb`] parses what a viewer sends and keeps a view capability's input
 //!   away from the desktop;
-//! - [`relay`] moves the bytes, bounded, and closes on revocation;
-//! - [`api`] is the HTTP side of the contract (`/v1/computers/{id}/screens`,
-//!   `/v1/screens/{screen_id}`, `/v1/screens/{screen_id}/rfb`);
-//! - [`viewer`] serves the noVNC library the panel shows the screen with.
+//! - [`relay`] moves the bytes, bounded, and closes on revocation.
+//!
+//! The HTTP side of the contract (`/v1/computers/{id}/screens`,
+//! `/v1/screens/{screen_id}`, `/v1/screens/{screen_id}/rfb`) is
+//! [`crate::api::screen_routes`]; the noVNC files the panel shows the screen
+//! with are [`crate::api::screen_viewer`]'s; the owner's [`ScreenHost`] is
+//! [`crate::api::screen_host`].
 //!
 //! This module never decides whether a computer may be watched, nor opens a
 //! guest path itself: both go through [`ScreenHost`], which the broker's
 //! owner implements (admission under the fence, and the race-free,
 //! no-follow connect to `vnc.sock`). It never logs a token.
 
-pub mod api;
-pub mod host;
 pub mod registry;
 pub mod relay;
 pub mod rfb;
-pub mod viewer;
 
 use std::sync::Arc;
 
@@ -31,7 +31,6 @@ use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-pub use host::OwnerScreenHost;
 pub use registry::{RegistryError, ScreenRegistry, Ticket};
 pub use relay::{RelayEnd, RelayLimits};
 pub use rfb::{RfbFilter, RfbViolation};

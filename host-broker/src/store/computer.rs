@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::{
     ensure_dir, read_json, remove_file, remove_tree, write_json, Lease, Paths, StoreError,
 };
-use crate::engine::BackendSpec;
+use crate::engine::{BackendSpec, Origin};
 
 /// Version of the record format.
 pub const RECORD_SCHEMA: u32 = 1;
@@ -32,7 +32,7 @@ pub struct ComputerRecord {
     pub name: String,
     /// Owner key.
     pub owner: String,
-    /// Immutable image ID the container was created from.
+    /// Immutable image ID the desktop was created from.
     pub image_id: String,
     /// Fencing generation; only ever grows.
     pub generation: u64,
@@ -52,6 +52,19 @@ pub struct ComputerRecord {
     /// workspace that no record names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_from: Option<Uuid>,
+}
+
+impl ComputerRecord {
+    /// What its backend made the desktop as, for provisioning and the resume
+    /// check.
+    pub fn origin(&self) -> Origin<'_> {
+        Origin {
+            id: self.id,
+            owner: &self.owner,
+            image_id: &self.image_id,
+            spec: &self.spec,
+        }
+    }
 }
 
 /// Reads and writes computer records.
@@ -166,7 +179,7 @@ pub fn adopt_workspace(paths: &Paths, old: &std::path::Path, id: Uuid) -> Result
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::engine::{ContainerSpec, Hardening, Limits};
+    use crate::engine::docker::container_engine::{ContainerSpec, Hardening, Limits};
 
     pub(crate) fn record(id: Uuid, paths: &Paths) -> ComputerRecord {
         ComputerRecord {

@@ -8,8 +8,6 @@
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::BrokerError;
-
 /// Longest lease a holder may ask for in one request.
 pub const MAX_TTL_MS: u64 = 24 * 3600 * 1000;
 /// Longest holder name.
@@ -33,6 +31,33 @@ impl Lease {
     }
 }
 
+/// Why a lease request or a fenced call is refused. The broker's error
+/// carries each as its own refusal ([`crate::error::BrokerError`]'s
+/// `BadRequest`, `StaleGeneration` and `LeaseHeld`); the checks below are
+/// generic over the caller's error type so a caller keeps its own `?`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fenced {
+    /// The lease request is malformed; why.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The caller's generation is not the current one.
+    #[error("stale generation {given}: the current generation is {current}")]
+    StaleGeneration {
+        /// What the caller sent.
+        given: String,
+        /// The current generation.
+        current: u64,
+    },
+    /// A live lease is held and the caller sent no generation.
+    #[error("lease held by {holder} until {expires_at}")]
+    LeaseHeld {
+        /// Current holder.
+        holder: String,
+        /// RFC 3339 expiry.
+        expires_at: String,
+    },
+}
+
 /// What to do with a lease request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseDecision {
@@ -51,16 +76,17 @@ pub enum LeaseDecision {
 }
 
 /// Validates a lease request: a printable holder name and a TTL of at most a day.
-pub fn validate_request(holder: &str, ttl_ms: u64) -> Result<(), BrokerError> {
+pub fn validate_request<E: From<Fenced>>(holder: &str, ttl_ms: u64) -> Result<(), E> {
     if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(char::is_control) {
-        return Err(BrokerError::BadRequest(format!(
+        return Err(Fenced::BadRequest(format!(
             "holder must be 1 to {MAX_HOLDER_LEN} printable characters"
-        )));
+        ))
+        .into());
     }
     if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
-        return Err(BrokerError::BadRequest(format!(
-            "ttl_ms must be between 1 and {MAX_TTL_MS}"
-        )));
+        return Err(
+            Fenced::BadRequest(format!("ttl_ms must be between 1 and {MAX_TTL_MS}")).into(),
+        );
     }
     Ok(())
 }
@@ -88,23 +114,25 @@ pub fn expiry(now: DateTime<Utc>, ttl_ms: u64) -> DateTime<Utc> {
 /// - a generation that is not the current one: `stale_generation`;
 /// - no generation while a live lease exists: `lease_held`;
 /// - otherwise the call may proceed.
-pub fn check_fence(
+pub fn check_fence<E: From<Fenced>>(
     lease: Option<&Lease>,
     generation: u64,
     given: Option<u64>,
     now: DateTime<Utc>,
-) -> Result<(), BrokerError> {
+) -> Result<(), E> {
     match given {
-        Some(g) if g != generation => Err(BrokerError::StaleGeneration {
+        Some(g) if g != generation => Err(Fenced::StaleGeneration {
             given: g.to_string(),
             current: generation,
-        }),
+        }
+        .into()),
         Some(_) => Ok(()),
         None => match lease {
-            Some(lease) if lease.is_live(now) => Err(BrokerError::LeaseHeld {
+            Some(lease) if lease.is_live(now) => Err(Fenced::LeaseHeld {
                 holder: lease.holder.clone(),
                 expires_at: lease.expires_at.to_rfc3339(),
-            }),
+            }
+            .into()),
             _ => Ok(()),
         },
     }
@@ -113,6 +141,15 @@ pub fn check_fence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fence(
+        lease: Option<&Lease>,
+        generation: u64,
+        given: Option<u64>,
+        now: DateTime<Utc>,
+    ) -> Result<(), Fenced> {
+        check_fence(lease, generation, given, now)
+    }
 
     fn lease(holder: &str, expires_in_ms: i64, generation: u64, now: DateTime<Utc>) -> Lease {
         Lease {
@@ -154,14 +191,14 @@ mod tests {
         let now = Utc::now();
         let l = lease("a", 1000, 5, now);
         assert!(matches!(
-            check_fence(Some(&l), 5, Some(4), now),
-            Err(BrokerError::StaleGeneration { current: 5, .. })
+            fence(Some(&l), 5, Some(4), now),
+            Err(Fenced::StaleGeneration { current: 5, .. })
         ));
         assert!(matches!(
-            check_fence(None, 5, Some(6), now),
-            Err(BrokerError::StaleGeneration { .. })
+            fence(None, 5, Some(6), now),
+            Err(Fenced::StaleGeneration { .. })
         ));
-        assert_eq!(check_fence(Some(&l), 5, Some(5), now), Ok(()));
+        assert_eq!(fence(Some(&l), 5, Some(5), now), Ok(()));
     }
 
     #[test]
@@ -169,20 +206,20 @@ mod tests {
         let now = Utc::now();
         let live = lease("a", 1000, 5, now);
         assert!(matches!(
-            check_fence(Some(&live), 5, None, now),
-            Err(BrokerError::LeaseHeld { .. })
+            fence(Some(&live), 5, None, now),
+            Err(Fenced::LeaseHeld { .. })
         ));
         let lapsed = lease("a", -1000, 5, now);
-        assert_eq!(check_fence(Some(&lapsed), 5, None, now), Ok(()));
-        assert_eq!(check_fence(None, 0, None, now), Ok(()));
+        assert_eq!(fence(Some(&lapsed), 5, None, now), Ok(()));
+        assert_eq!(fence(None, 0, None, now), Ok(()));
     }
 
     #[test]
     fn requests_are_validated() {
-        assert!(validate_request("", 1000).is_err());
-        assert!(validate_request("a\nb", 1000).is_err());
-        assert!(validate_request("a", 0).is_err());
-        assert!(validate_request("a", MAX_TTL_MS + 1).is_err());
-        assert!(validate_request("ctl-1", 30_000).is_ok());
+        assert!(validate_request::<Fenced>("", 1000).is_err());
+        assert!(validate_request::<Fenced>("a\nb", 1000).is_err());
+        assert!(validate_request::<Fenced>("a", 0).is_err());
+        assert!(validate_request::<Fenced>("a", MAX_TTL_MS + 1).is_err());
+        assert!(validate_request::<Fenced>("ctl-1", 30_000).is_ok());
     }
 }

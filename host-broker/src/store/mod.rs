@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
+pub use crate::paths::Paths;
 pub use computer::{ComputerRecord, ComputerStore};
 pub use lease::Lease;
 pub use stop_reason::{StopReasonStore, StopRecord};
@@ -69,59 +70,6 @@ impl StoreError {
             path: path.to_owned(),
             source,
         }
-    }
-}
-
-/// Every path under the data directory, in one place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Paths {
-    data: PathBuf,
-}
-
-impl Paths {
-    /// Paths under `data`.
-    pub fn new(data: impl Into<PathBuf>) -> Self {
-        Self { data: data.into() }
-    }
-
-    /// The data directory.
-    pub fn data(&self) -> &Path {
-        &self.data
-    }
-
-    /// `<data>/computers`.
-    pub fn computers(&self) -> PathBuf {
-        self.data.join("computers")
-    }
-
-    /// `<data>/computers/<id>`.
-    pub fn computer_dir(&self, id: Uuid) -> PathBuf {
-        self.computers().join(id.to_string())
-    }
-
-    /// `<data>/computers/<id>/computer.json`.
-    pub fn record(&self, id: Uuid) -> PathBuf {
-        self.computer_dir(id).join("computer.json")
-    }
-
-    /// `<data>/computers/<id>/workspace`.
-    pub fn workspace(&self, id: Uuid) -> PathBuf {
-        self.computer_dir(id).join("workspace")
-    }
-
-    /// `<data>/computers/<id>/run`.
-    pub fn run_dir(&self, id: Uuid) -> PathBuf {
-        self.computer_dir(id).join("run")
-    }
-
-    /// `<data>/computers/<id>/run/supervisor.sock`.
-    pub fn socket(&self, id: Uuid) -> PathBuf {
-        self.run_dir(id).join(dormouse_protocol::SOCKET_FILE_NAME)
-    }
-
-    /// `<data>/stops`.
-    pub fn stops(&self) -> PathBuf {
-        self.data.join("stops")
     }
 }
 

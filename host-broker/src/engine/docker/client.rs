@@ -1,4 +1,4 @@
-//! [`Engine`](super::api::Engine) over the Docker Engine API with bollard.
+//! [`Engine`](super::container_engine::Engine) over the Docker Engine API with bollard.
 //!
 //! Connects to the socket it is given (`--engine-socket`), else with
 //! `DOCKER_HOST` honoured (or the default unix socket), and
@@ -30,7 +30,7 @@ use chrono::{TimeZone, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::Mutex;
 
-use super::api::{
+use super::container_engine::{
     parse_engine_time, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
     EngineEvent, EngineFuture, Hardening, ImageInfo, Limits, MountInfo, Process, RunState, Ulimit,
 };

@@ -19,7 +19,7 @@ use chrono::Utc;
 use futures_util::stream::{BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
-use super::api::{
+use super::container_engine::{
     normalize_cap, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
     EngineEvent, EngineFuture, ImageInfo, RunState,
 };
@@ -215,7 +215,7 @@ impl FakeEngine {
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
-                process: super::api::Process::default(),
+                process: super::container_engine::Process::default(),
             },
         );
         if let Some(tag) = tag {

@@ -11,8 +11,8 @@
 //! It must never decide policy: it creates, starts, stops and removes only
 //! when asked, and reports what the engine says.
 
-pub mod api;
 pub mod client;
+pub mod container_engine;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod probe;
@@ -29,14 +29,14 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, StreamExt};
 use uuid::Uuid;
 
-pub use self::api::{ContainerInfo, ContainerSpec, Engine, EngineEvent, ImageInfo};
 pub use self::client::DockerEngine;
+pub use self::container_engine::{ContainerInfo, ContainerSpec, Engine, EngineEvent, ImageInfo};
 use super::{
-    Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Listed,
+    Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Image, Listed, Origin,
 };
 use crate::config::{BrokerConfig, ResourceLimits};
 use crate::guest::GuestSocket;
-use crate::store::{ComputerRecord, Paths};
+use crate::paths::Paths;
 
 /// Which engine speaks the Docker API, for the few places they differ.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,6 +129,17 @@ impl DockerBackend {
         }
     }
 
+    /// The backend a broker configuration implies over `engine`: Docker's
+    /// dialect, the run-directory guest channel, host directories under the
+    /// configured data directory.
+    pub fn for_broker(engine: Arc<dyn Engine>, config: &BrokerConfig) -> Self {
+        Self::new(
+            engine,
+            DockerConfig::from_broker(config),
+            Paths::new(&config.data_dir),
+        )
+    }
+
     fn desktop(info: ContainerInfo) -> Desktop {
         Desktop {
             state: info.state,
@@ -199,11 +210,11 @@ fn listed(name: String, labels: &BTreeMap<String, String>, state: String) -> Lis
 }
 
 impl Backend for DockerBackend {
-    fn image<'a>(&'a self, reference: &'a str) -> BackendFuture<'a, Option<ImageInfo>> {
-        self.engine.image(reference)
+    fn image<'a>(&'a self, reference: &'a str) -> BackendFuture<'a, Option<Image>> {
+        Box::pin(async move { Ok(self.engine.image(reference).await?.map(Image::from)) })
     }
 
-    fn spec(&self, id: Uuid, owner: &str, image: &ImageInfo) -> BackendSpec {
+    fn spec(&self, id: Uuid, owner: &str, image: &Image) -> BackendSpec {
         BackendSpec::Docker(spec::container_spec(
             &self.config,
             &self.paths,
@@ -213,16 +224,16 @@ impl Backend for DockerBackend {
         ))
     }
 
-    fn provision<'a>(&'a self, record: &'a ComputerRecord) -> BackendFuture<'a, ()> {
+    fn provision<'a>(&'a self, origin: Origin<'a>) -> BackendFuture<'a, ()> {
         Box::pin(async move {
-            let BackendSpec::Docker(spec) = &record.spec;
+            let BackendSpec::Docker(spec) = origin.spec;
             self.engine.create(spec).await?;
             // An engine may accept a setting and not apply it (a compatible
             // API that ignores a field): what it reports now must be what was
             // asked for, by the same check a resume runs, or the container
             // goes and the create fails closed.
             let info = self.engine.inspect(&spec.name).await?;
-            if let Err(refusal) = resume::check(record, info.as_ref(), Some(true)) {
+            if let Err(refusal) = resume::check(origin, info.as_ref(), Some(true)) {
                 let why = refusal.message();
                 tracing::error!(container = %spec.name, problem = %why, "the engine did not apply the hardening as asked; removing the container");
                 if let Err(e) = self.engine.remove(&spec.name).await {

@@ -11,9 +11,8 @@
 
 use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
 
-use super::api::{ContainerInfo, Hardening};
-use crate::engine::{BackendSpec, Provenance, Refusal};
-use crate::store::ComputerRecord;
+use super::container_engine::{ContainerInfo, Hardening};
+use crate::engine::{BackendSpec, Origin, Provenance, Refusal};
 
 /// The AppArmor profiles an engine applies by default: none (AppArmor off),
 /// Docker's and Podman's. Anything else (`unconfined`, a custom profile) was
@@ -23,19 +22,19 @@ fn apparmor_ok(profile: &str) -> bool {
 }
 
 impl Provenance for ContainerInfo {
-    fn check(&self, record: &ComputerRecord, image_present: Option<bool>) -> Result<(), Refusal> {
-        check(record, Some(self), image_present)
+    fn check(&self, origin: Origin<'_>, image_present: Option<bool>) -> Result<(), Refusal> {
+        check(origin, Some(self), image_present)
     }
 }
 
 /// Every resume check, on what the engine says now. `image_present` is
 /// `None` when unknown (which fails closed).
 pub fn check(
-    record: &ComputerRecord,
+    origin: Origin<'_>,
     info: Option<&ContainerInfo>,
     image_present: Option<bool>,
 ) -> Result<(), Refusal> {
-    let BackendSpec::Docker(spec) = &record.spec;
+    let BackendSpec::Docker(spec) = origin.spec;
     let problem = |p: String| Err(Refusal::Problem(p));
     let Some(info) = info else {
         return problem(format!("container {} is missing", spec.name));
@@ -46,25 +45,25 @@ pub fn check(
     if !info.state.is_down() {
         return problem(format!("container is {}", info.state));
     }
-    if info.image != record.image_id {
+    if info.image != origin.image_id {
         return problem(format!(
             "container was created from {}, the record says {}",
-            info.image, record.image_id
+            info.image, origin.image_id
         ));
     }
     match image_present {
         Some(true) => {}
-        Some(false) => return problem(format!("image {} is no longer present", record.image_id)),
+        Some(false) => return problem(format!("image {} is no longer present", origin.image_id)),
         None => {
             return problem(format!(
                 "cannot tell whether image {} is present",
-                record.image_id
+                origin.image_id
             ))
         }
     }
-    let id = record.id.to_string();
+    let id = origin.id.to_string();
     if info.labels.get(LABEL_COMPUTER) != Some(&id)
-        || info.labels.get(LABEL_OWNER) != Some(&record.owner)
+        || info.labels.get(LABEL_OWNER).map(String::as_str) != Some(origin.owner)
     {
         return problem("container labels do not name this computer and owner".into());
     }
@@ -176,11 +175,12 @@ fn diff(have: &Hardening, want: &Hardening) -> String {
 mod tests {
     use super::*;
     use crate::config::BrokerConfig;
-    use crate::engine::docker::api::{ImageInfo, MountInfo, Process};
+    use crate::engine::docker::container_engine::MountInfo;
     use crate::engine::docker::spec::container_spec;
     use crate::engine::docker::DockerConfig;
     use crate::engine::RunState;
-    use crate::store::{computer::RECORD_SCHEMA, Paths};
+    use crate::engine::{Image, Process};
+    use crate::store::{computer::RECORD_SCHEMA, ComputerRecord, Paths};
     use uuid::Uuid;
 
     /// A record and the stopped container the engine would report for it
@@ -189,7 +189,7 @@ mod tests {
         let id = Uuid::new_v4();
         let paths = Paths::new("/data");
         let config = BrokerConfig::new("/data".into());
-        let image = ImageInfo {
+        let image = Image {
             id: "sha256:img".into(),
             labels: Default::default(),
             process: Process {
@@ -248,7 +248,7 @@ mod tests {
     }
 
     fn refused(record: &ComputerRecord, info: &ContainerInfo) -> String {
-        match check(record, Some(info), Some(true)) {
+        match check(record.origin(), Some(info), Some(true)) {
             Err(Refusal::Problem(p)) => p,
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -257,20 +257,20 @@ mod tests {
     #[test]
     fn a_container_as_created_is_resumable() {
         let (record, info) = pair();
-        assert_eq!(check(&record, Some(&info), Some(true)), Ok(()));
+        assert_eq!(check(record.origin(), Some(&info), Some(true)), Ok(()));
     }
 
     #[test]
     fn every_unknown_fails_closed() {
         let (record, info) = pair();
         assert!(
-            matches!(check(&record, None, Some(true)), Err(Refusal::Problem(p)) if p.contains("missing"))
+            matches!(check(record.origin(), None, Some(true)), Err(Refusal::Problem(p)) if p.contains("missing"))
         );
         assert!(
-            matches!(check(&record, Some(&info), None), Err(Refusal::Problem(p)) if p.contains("cannot tell"))
+            matches!(check(record.origin(), Some(&info), None), Err(Refusal::Problem(p)) if p.contains("cannot tell"))
         );
         assert!(
-            matches!(check(&record, Some(&info), Some(false)), Err(Refusal::Problem(p)) if p.contains("no longer present"))
+            matches!(check(record.origin(), Some(&info), Some(false)), Err(Refusal::Problem(p)) if p.contains("no longer present"))
         );
     }
 
@@ -279,7 +279,7 @@ mod tests {
         let (record, mut info) = pair();
         info.state = RunState::Running;
         assert_eq!(
-            check(&record, Some(&info), Some(true)),
+            check(record.origin(), Some(&info), Some(true)),
             Err(Refusal::Running)
         );
         info.state = RunState::Dead;
@@ -364,11 +364,13 @@ mod tests {
             }),
             ("readonly_rootfs", |i| i.hardening.readonly_rootfs = true),
             ("ulimits", |i| {
-                i.hardening.ulimits.push(crate::engine::Ulimit {
-                    name: "nofile".into(),
-                    soft: 1 << 20,
-                    hard: 1 << 20,
-                })
+                i.hardening
+                    .ulimits
+                    .push(crate::engine::docker::container_engine::Ulimit {
+                        name: "nofile".into(),
+                        soft: 1 << 20,
+                        hard: 1 << 20,
+                    })
             }),
             ("security_opt", |i| {
                 i.hardening.security_opt.push("seccomp=unconfined".into())
@@ -398,7 +400,7 @@ mod tests {
         assert!(refused(&record, &info).contains("apparmor"));
         let (record, mut info) = pair();
         info.apparmor_profile = String::new();
-        assert_eq!(check(&record, Some(&info), Some(true)), Ok(()));
+        assert_eq!(check(record.origin(), Some(&info), Some(true)), Ok(()));
     }
 
     #[test]
@@ -406,6 +408,6 @@ mod tests {
         let (mut record, info) = pair();
         let BackendSpec::Docker(spec) = &mut record.spec;
         spec.process = None;
-        assert_eq!(check(&record, Some(&info), Some(true)), Ok(()));
+        assert_eq!(check(record.origin(), Some(&info), Some(true)), Ok(()));
     }
 }

@@ -14,9 +14,11 @@ use std::collections::BTreeMap;
 use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
 use uuid::Uuid;
 
-use super::api::{BindMount, ContainerSpec, Hardening, ImageInfo, Limits, Process, Ulimit};
+use super::container_engine::{BindMount, ContainerSpec, Hardening, Limits, Process, Ulimit};
 use super::DockerConfig;
-use crate::store::Paths;
+pub use crate::engine::hostname;
+use crate::engine::Image;
+use crate::paths::Paths;
 
 /// The capabilities a desktop keeps: exactly what its supervisor needs.
 pub use dormouse_protocol::GUEST_CAPABILITIES as SUPERVISOR_CAPABILITIES;
@@ -37,11 +39,6 @@ pub fn container_name(id: Uuid) -> String {
 pub fn computer_of_name(name: &str) -> Option<Uuid> {
     name.strip_prefix(NAME_PREFIX)
         .and_then(|v| Uuid::parse_str(v).ok())
-}
-
-/// The fixed hostname of a computer: `desk-<first 8 hex digits of the id>`.
-pub fn hostname(id: Uuid) -> String {
-    crate::lifecycle::hostname(id)
 }
 
 /// The label filters that select this broker's containers.
@@ -78,7 +75,7 @@ pub fn container_spec(
     paths: &Paths,
     id: Uuid,
     owner: &str,
-    image: &ImageInfo,
+    image: &Image,
 ) -> ContainerSpec {
     let mut labels: BTreeMap<String, String> = config.labels.clone();
     labels.insert(LABEL_COMPUTER.into(), id.to_string());
@@ -169,10 +166,20 @@ fn nano_cpus(cpus: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_fixed_per_computer() {
+        let id = Uuid::parse_str("0123abcd-4567-89ab-cdef-0123456789ab").expect("uuid");
+        assert_eq!(
+            container_name(id),
+            "dormouse-0123abcd-4567-89ab-cdef-0123456789ab"
+        );
+        assert_eq!(hostname(id), "desk-0123abcd");
+    }
     use crate::config::BrokerConfig;
 
-    fn image(id: &str) -> ImageInfo {
-        ImageInfo {
+    fn image(id: &str) -> Image {
+        Image {
             id: id.into(),
             labels: BTreeMap::new(),
             process: Process::default(),

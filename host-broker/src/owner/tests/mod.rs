@@ -22,10 +22,22 @@ use tokio::task::JoinSet;
 use tokio::time::advance;
 
 use super::*;
+use crate::engine::docker::{ContainerInfo, DockerBackend, Engine};
 use crate::engine::fake::{FakeEngine, Verb};
-use crate::engine::{ContainerInfo, EngineError, RunState};
+use crate::engine::{EngineError, RunState};
 use crate::lifecycle::stop_key;
 use crate::store::StopRecord;
+
+/// The core over the Docker backend on `engine`, as the daemon builds it
+/// for a Docker engine.
+async fn spawn(
+    config: BrokerConfig,
+    engine: Arc<dyn Engine>,
+    metrics: Arc<Metrics>,
+) -> Result<(BrokerHandle, JoinHandle<()>), BrokerError> {
+    let backend = DockerBackend::for_broker(engine, &config);
+    spawn_backend(config, Arc::new(backend), metrics).await
+}
 
 const IMAGE: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
 const MS: Duration = Duration::from_millis(1);
@@ -427,7 +439,7 @@ impl Rig {
     }
 
     fn name(id: Uuid) -> String {
-        crate::lifecycle::container_name(id)
+        crate::engine::docker::spec::container_name(id)
     }
 
     async fn until(

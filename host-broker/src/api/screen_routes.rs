@@ -9,8 +9,8 @@
 //!   token, as subprotocol `dormouse.screen.<token>` beside `binary`, or as
 //!   `?token=`) carries RFB.
 //!
-//! It parses and answers; admission is the [`ScreenHost`](super::ScreenHost)'s,
-//! bytes are the [`relay`](super::relay)'s. It must never log a token or a
+//! It parses and answers; admission is the [`ScreenHost`](crate::screen::ScreenHost)'s,
+//! bytes are the [`relay`](crate::screen::relay)'s. It must never log a token or a
 //! query string, and never accept the broker's bearer token on the RFB route
 //! (a leaked screen link must not be worth more than one screen).
 
@@ -28,11 +28,11 @@ use dormouse_protocol::screen::{
 };
 use uuid::Uuid;
 
-use super::registry::RegistryError;
-use super::relay::{relay, RelaySession};
-use super::{Refusal, ScreenGateway};
 use crate::api::extract::parse_generation;
 use crate::api::HttpError;
+use crate::screen::registry::RegistryError;
+use crate::screen::relay::{relay, RelaySession};
+use crate::screen::{Refusal, ScreenGateway};
 
 /// Path of the mint and list routes.
 pub const SCREENS_PATH: &str = "/v1/computers/{id}/screens";

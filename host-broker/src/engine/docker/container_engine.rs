@@ -1,6 +1,7 @@
-//! The Docker Engine API as the Docker backend needs it: a narrow trait of
-//! container verbs ([`Engine`]) in plain types of our own, implemented over
-//! bollard by [`super::client`] and, for tests, by [`super::fake`].
+//! The container engine: the Docker Engine API as the Docker backend needs
+//! it, a narrow trait of container verbs ([`Engine`]) in plain types of our
+//! own, implemented over bollard by [`super::client`] and, for tests, by
+//! [`super::fake`].
 //!
 //! Podman serves the same API; where it differs it is a
 //! [`super::Dialect`] of the backend, not another engine. This module must
@@ -16,7 +17,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-pub use crate::engine::{EngineError, RunState};
+pub use crate::engine::{EngineError, Image, Process, RunState};
 
 /// A future returned by an engine verb.
 pub type EngineFuture<'a, T> = BoxFuture<'a, Result<T, EngineError>>;
@@ -30,6 +31,16 @@ pub struct ImageInfo {
     pub labels: BTreeMap<String, String>,
     /// What a container of it runs unless told otherwise.
     pub process: Process,
+}
+
+impl From<ImageInfo> for Image {
+    fn from(info: ImageInfo) -> Self {
+        Image {
+            id: info.id,
+            labels: info.labels,
+            process: info.process,
+        }
+    }
 }
 
 /// A bind mount from the host into the container.
@@ -139,17 +150,6 @@ pub struct Ulimit {
     pub soft: i64,
     /// Hard limit.
     pub hard: i64,
-}
-
-/// What a container runs as: entrypoint, command and user.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Process {
-    /// Entrypoint (the supervisor).
-    pub entrypoint: Vec<String>,
-    /// Arguments.
-    pub cmd: Vec<String>,
-    /// User (empty: root, the supervisor drops privileges itself).
-    pub user: String,
 }
 
 impl Hardening {

@@ -13,11 +13,11 @@ use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
-use super::{Refusal, ScreenHost};
 use crate::api::HttpError;
 use crate::command::BrokerHandle;
 use crate::error::BrokerError;
 use crate::relay::{self, Purpose};
+use crate::screen::{Refusal, ScreenHost};
 
 /// [`ScreenHost`] over the owner.
 #[derive(Debug, Clone)]
