@@ -17,13 +17,13 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dormouse_broker::api::screen_host::OwnerScreenHost;
 use dormouse_broker::engine::docker::{
     Dialect, DockerBackend, DockerConfig, DockerEngine, Engine, GuestChannel,
 };
 use dormouse_broker::guest::{GuestError, GuestRelay, GuestSocket};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
-use dormouse_broker::api::screen_host::OwnerScreenHost;
 use dormouse_broker::screen::ScreenHost;
 use dormouse_broker::store::Paths;
 use dormouse_e2e::{desktop_image, docker_available, TempDir};

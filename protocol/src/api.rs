@@ -259,6 +259,8 @@ error_codes! {
     StateChanged = "state_changed" => 409,
     /// The body is over the limit.
     PayloadTooLarge = "payload_too_large" => 413,
+    /// The body is in a format (an encoding or a media type) the route cannot read.
+    UnsupportedMediaType = "unsupported_media_type" => 415,
     /// The image is missing or not a Dormouse image.
     Image = "image" => 422,
     /// A WebSocket route asked without a WebSocket upgrade.

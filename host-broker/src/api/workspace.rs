@@ -19,7 +19,7 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormouse_protocol::api::CreateComputer;
+use dormouse_protocol::api::{CreateComputer, ErrorCode};
 use dormouse_protocol::workspace::{Compression, COMPRESSION_QUERY, WORKSPACE_TAR_QUERY};
 use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
@@ -270,13 +270,7 @@ fn accepted_encoding(request: &Request) -> Compression {
 /// `Content-Type` names a format the import cannot read. What the import
 /// reads is then decided by the stream's own first bytes.
 fn check_upload_format(request: &Request) -> Result<(), HttpError> {
-    let unsupported = |message: &str| {
-        HttpError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            message,
-        )
-    };
+    let unsupported = |message: &str| HttpError::new(ErrorCode::UnsupportedMediaType, message);
     let text = |name| {
         request
             .headers()

@@ -259,7 +259,7 @@ impl Owner {
         let (Some(c), Some(w)) = (self.computers.get(&id), self.witnesses.get_mut(&id)) else {
             return;
         };
-        let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+        let known = !matches!(c.engine, crate::engine::Observed::Unknown(_));
         w.down |= c.op.is_none() && known && !c.engine.is_up();
     }
 
@@ -277,7 +277,7 @@ impl Owner {
                 self.witnesses.remove(&id);
                 continue;
             };
-            let known = !matches!(c.engine, crate::reconcile::EngineView::Unknown(_));
+            let known = !matches!(c.engine, crate::engine::Observed::Unknown(_));
             // Once seen down, a start that follows does not undo what the
             // events failed to say; before that an operation takes over.
             w.down |= c.op.is_none() && known && !c.engine.is_up();

@@ -168,7 +168,7 @@ impl Owner {
                 c.op.is_none()
                     && (c.engine.is_up()
                         || c.ready_wait.is_some()
-                        || matches!(c.engine, EngineView::Unknown(_)))
+                        || matches!(c.engine, Observed::Unknown(_)))
             })
             .map(|(id, c)| (*id, c.container_state()))
             .collect();

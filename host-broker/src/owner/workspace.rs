@@ -29,8 +29,6 @@ use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::engine::Observed;
 use crate::error::BrokerError;
-use crate::engine::Observed;
-use crate::guest::QuiesceHold;
 use crate::relay::{self, Purpose};
 use crate::store::Paths;
 use crate::workspace::{

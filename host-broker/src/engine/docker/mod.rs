@@ -32,7 +32,8 @@ use uuid::Uuid;
 pub use self::client::DockerEngine;
 pub use self::container_engine::{ContainerInfo, ContainerSpec, Engine, EngineEvent, ImageInfo};
 use super::{
-    Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Image, Listed, Origin,
+    Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Image, Listed,
+    Origin,
 };
 use crate::config::{BrokerConfig, ResourceLimits};
 use crate::guest::GuestSocket;

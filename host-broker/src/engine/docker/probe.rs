@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::api::{ContainerSpec, Engine, Hardening, Limits, Ulimit};
+use super::container_engine::{ContainerSpec, Engine, Hardening, Limits, Ulimit};
 use super::spec::{self, NOFILE, NPROC};
 use crate::engine::ChangeProbe;
 use crate::store::Paths;
