@@ -3,7 +3,6 @@
 //! send it over a channel and await the reply. No handler touches the engine
 //! or the disk itself.
 
-use dormouse_protocol::actions::{ActionBatch, ActionResults};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
@@ -56,10 +55,6 @@ pub enum Command {
     Patch(Uuid, PatchComputer, Fence, Reply<ComputerStatus>),
     /// Take or renew the fencing lease.
     Lease(Uuid, LeaseRequest, Reply<LeaseGrant>),
-    /// A PNG of the screen (never renews the idle timer).
-    Screenshot(Uuid, Reply<Vec<u8>>),
-    /// Run a batch of computer-use actions (fenced; renews the idle timer).
-    Actions(Uuid, Fence, ActionBatch, Reply<ActionResults>),
     /// Containers labelled as Dormouse computers that have no record here
     /// (reported, never removed).
     Orphans(Reply<Vec<Orphan>>),
@@ -187,21 +182,6 @@ impl BrokerHandle {
     /// See [`Command::Lease`].
     pub async fn lease(&self, id: Uuid, req: LeaseRequest) -> Result<LeaseGrant, BrokerError> {
         self.ask(|r| Command::Lease(id, req, r)).await
-    }
-
-    /// See [`Command::Screenshot`].
-    pub async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, BrokerError> {
-        self.ask(|r| Command::Screenshot(id, r)).await
-    }
-
-    /// See [`Command::Actions`].
-    pub async fn actions(
-        &self,
-        id: Uuid,
-        fence: Fence,
-        batch: ActionBatch,
-    ) -> Result<ActionResults, BrokerError> {
-        self.ask(|r| Command::Actions(id, fence, batch, r)).await
     }
 
     /// See [`Command::Orphans`].

@@ -7,12 +7,9 @@
 //! [`Ticket`]: the guest channel the backend names and the generation the
 //! call was admitted under, with the revocation that fires when that
 //! generation is fenced off ([`super::revocation`]). It never makes the
-//! call: the caller's own task does (the two calls the owner still answers
-//! itself, `screenshot` and `actions`, run [`crate::relay`]'s functions in a
-//! task of their own), so a long call never blocks this task.
+//! call: the caller's own task does, so a long call never blocks this task.
 
 use chrono::Utc;
-use dormouse_protocol::actions::{ActionBatch, ActionResults};
 use dormouse_protocol::screen::ScreenMode;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -23,7 +20,7 @@ use super::Owner;
 use crate::command::{Fence, Reply};
 use crate::error::BrokerError;
 use crate::metrics::Metrics;
-use crate::relay::{self, Purpose, Ticket};
+use crate::relay::{Purpose, Ticket};
 use crate::store::lease;
 
 /// The fence of computer `c` against the caller's generation (a stale one,
@@ -135,49 +132,5 @@ impl Owner {
             generation,
             revoked,
         })
-    }
-
-    /// A screenshot, admitted, relayed in a task of its own.
-    pub(super) fn screenshot(&mut self, id: Uuid, reply: Reply<Vec<u8>>) -> Answer<Vec<u8>> {
-        let ticket = match self.decide_guest(id, None, Purpose::Screenshot) {
-            Ok(ticket) => ticket,
-            Err(e) => return Answer::Now(reply, Err(e)),
-        };
-        self.tasks.spawn(async move {
-            let _ = reply.send(relay::screenshot(&ticket).await);
-        });
-        Answer::Later
-    }
-
-    /// A batch of actions, checked, admitted, relayed in a task of its own.
-    pub(super) fn actions(
-        &mut self,
-        (id, fence, batch): Fenced<ActionBatch>,
-        reply: Reply<ActionResults>,
-    ) -> Answer<ActionResults> {
-        // Exists, fences and is ready first, so an unknown computer is a 404
-        // and a stale caller a 409 whatever the batch says.
-        let admitted = self.admit(id, fence).and_then(|c| {
-            if c.is_ready() {
-                Ok(())
-            } else {
-                Err(BrokerError::WrongState("the desktop is not ready".into()))
-            }
-        });
-        if let Err(e) = admitted {
-            return Answer::Now(reply, Err(e));
-        }
-        let busy_for = match relay::actions::check(&batch) {
-            Ok(busy_for) => busy_for,
-            Err(e) => return Answer::Now(reply, Err(e)),
-        };
-        let ticket = match self.decide_guest(id, fence, Purpose::Actions { busy_for }) {
-            Ok(ticket) => ticket,
-            Err(e) => return Answer::Now(reply, Err(e)),
-        };
-        self.tasks.spawn(async move {
-            let _ = reply.send(relay::run_actions(&ticket, batch).await);
-        });
-        Answer::Later
     }
 }

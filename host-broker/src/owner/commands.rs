@@ -63,10 +63,6 @@ impl Owner {
             Command::Touch(id, fence, reply) => self.touch((id, fence, ()), reply).send(),
             Command::Patch(id, patch, fence, reply) => self.patch((id, fence, patch), reply).send(),
             Command::Lease(id, request, reply) => self.lease((id, request), reply).send(),
-            Command::Screenshot(id, reply) => self.screenshot(id, reply).send(),
-            Command::Actions(id, fence, batch, reply) => {
-                self.actions((id, fence, batch), reply).send();
-            }
             Command::Orphans(reply) => self.orphans((), reply).send(),
             Command::AdmitGuest(id, fence, purpose, reply) => {
                 self.admit_guest((id, fence, purpose), reply).send();

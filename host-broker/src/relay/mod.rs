@@ -133,6 +133,28 @@ impl BrokerHandle {
         exec(&ticket, request).await
     }
 
+    /// A PNG of computer `id`'s screen (running is enough; not activity).
+    pub async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, BrokerError> {
+        let ticket = self.admit_guest(id, None, Purpose::Screenshot).await?;
+        screenshot(&ticket).await
+    }
+
+    /// Runs a batch of computer-use actions in computer `id`: checked first
+    /// (a bad batch changes nothing), admitted (fenced, ready; the idle
+    /// timer renewed past the batch's own waits), then relayed.
+    pub async fn actions(
+        &self,
+        id: Uuid,
+        fence: Fence,
+        batch: ActionBatch,
+    ) -> Result<ActionResults, BrokerError> {
+        let busy_for = actions::check(&batch)?;
+        let ticket = self
+            .admit_guest(id, fence, Purpose::Actions { busy_for })
+            .await?;
+        run_actions(&ticket, batch).await
+    }
+
     /// Opens a terminal session in computer `id`; dropping the session ends
     /// it (its processes killed and confirmed gone in the guest). The
     /// ticket's [`Ticket::revoked`] says when the caller must drop it.

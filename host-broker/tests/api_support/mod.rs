@@ -12,12 +12,20 @@ use chrono::Utc;
 use dormouse_broker::api::{self, ApiState, ApiToken};
 use dormouse_broker::command::{BrokerHandle, Command, Fence};
 use dormouse_broker::error::BrokerError;
+use dormouse_broker::guest::{GuestError, GuestRelay};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::relay::{Purpose, Ticket};
+use dormouse_protocol::actions::{
+    ActionBatch, ActionImage, ActionName, ActionResult, GuestActionResults,
+};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, ContainerState, IdleStatus, LeaseGrant, StopReason,
 };
+use dormouse_protocol::stream::{self, ReadLimits};
 use dormouse_protocol::Phase;
+use dormouse_protocol::{Request, Response};
+use futures_util::future::BoxFuture;
+use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
@@ -301,47 +309,50 @@ async fn owner(
                         ),
                 })
             }),
-            Command::Screenshot(id, reply) => answer!(reply, "screenshot", id, {
-                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
-                if c.ready {
-                    Ok(PNG.to_vec())
-                } else {
-                    Err(BrokerError::WrongState("the desktop is not ready".into()))
-                }
-            }),
-            Command::Actions(id, fence, batch, reply) => answer!(reply, "actions", id, {
-                let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
-                check_fence(c, fence)?;
-                dormouse_protocol::actions::validate(&batch, None)
-                    .map_err(|e| BrokerError::InvalidActions(e.to_string()))?;
-                let results = batch
-                    .actions
-                    .iter()
-                    .map(|a| dormouse_protocol::actions::ActionResult::ok(a.name()))
-                    .collect();
-                Ok(dormouse_protocol::actions::ActionResults { results })
-            }),
             Command::Orphans(reply) => answer!(reply, "orphans", "*", Ok(Vec::new())),
             Command::AdmitGuest(id, fence, purpose, reply) => {
                 let name = match purpose {
                     Purpose::Exec => "admit_exec",
                     Purpose::Screen(_) => "screen_admit",
+                    Purpose::Screenshot => "screenshot",
+                    Purpose::Actions { .. } => "actions",
                     _ => "admit_guest",
                 };
                 answer!(reply, name, id, {
                     let c = s.computers.get_mut(&id).ok_or(BrokerError::NotFound(id))?;
-                    if purpose == Purpose::Exec {
-                        check_fence(c, fence)?;
-                        if !c.ready {
-                            return Err(BrokerError::WrongState("not running and ready".into()));
+                    // No supervisor behind an exec: a call reaches "no
+                    // supervisor socket". Screenshots and actions get the
+                    // scripted guest.
+                    let guest = dormouse_broker::guest::GuestSocket::new(
+                        "/nonexistent/run/supervisor.sock",
+                    );
+                    let guest = match purpose {
+                        Purpose::Exec => {
+                            check_fence(c, fence)?;
+                            if !c.ready {
+                                return Err(BrokerError::WrongState(
+                                    "not running and ready".into(),
+                                ));
+                            }
+                            guest
                         }
-                    }
-                    // No guest behind it: a call reaches "no supervisor socket".
+                        Purpose::Screenshot => {
+                            if !c.ready {
+                                return Err(BrokerError::WrongState(
+                                    "the desktop is not ready".into(),
+                                ));
+                            }
+                            guest.through(Arc::new(ScriptedGuest))
+                        }
+                        Purpose::Actions { .. } => {
+                            check_fence(c, fence)?;
+                            guest.through(Arc::new(ScriptedGuest))
+                        }
+                        _ => guest,
+                    };
                     Ok(Ticket {
                         computer: id,
-                        guest: dormouse_broker::guest::GuestSocket::new(
-                            "/nonexistent/run/supervisor.sock",
-                        ),
+                        guest,
                         generation: c.generation,
                         revoked: tokio_util::sync::CancellationToken::new(),
                     })
@@ -363,4 +374,72 @@ async fn owner(
             }),
         }
     }
+}
+
+/// The guest of the scripted core's desktops: one request per connection,
+/// answered as a well-behaved supervisor would (a screenshot is [`PNG`],
+/// every action succeeds, each image [`PNG`]).
+#[derive(Debug)]
+struct ScriptedGuest;
+
+impl GuestRelay for ScriptedGuest {
+    fn open(&self) -> BoxFuture<'_, Result<UnixStream, GuestError>> {
+        Box::pin(async {
+            let (near, mut far) = UnixStream::pair().map_err(GuestError::Connect)?;
+            tokio::spawn(async move {
+                let limits = ReadLimits::new(Some(Duration::from_secs(5)), Duration::from_secs(5));
+                let Ok(frame) = stream::read_frame::<Request, _>(&mut far, &limits).await else {
+                    return;
+                };
+                let (response, payload) = match frame.message {
+                    Request::Screenshot => (
+                        Response::Screenshot {
+                            width: 1,
+                            height: 1,
+                        },
+                        PNG.to_vec(),
+                    ),
+                    Request::Actions { batch } => scripted_actions(&batch),
+                    _ => (Response::error("unknown_kind", "not scripted"), Vec::new()),
+                };
+                let _ = stream::write_frame(&mut far, &response, &payload, Duration::from_secs(5))
+                    .await;
+            });
+            Ok(near)
+        })
+    }
+}
+
+/// Every action succeeds; a `screenshot` or `zoom` gives [`PNG`].
+fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
+    let mut answer = GuestActionResults {
+        results: Vec::new(),
+        image_lens: Vec::new(),
+    };
+    let mut payload = Vec::new();
+    for action in &batch.actions {
+        let name = action.name();
+        answer.results.push(match name {
+            ActionName::CursorPosition => ActionResult {
+                coordinate: Some([0, 0]),
+                ..ActionResult::ok(name)
+            },
+            ActionName::Screenshot | ActionName::Zoom => {
+                payload.extend_from_slice(PNG);
+                answer
+                    .image_lens
+                    .push(u64::try_from(PNG.len()).unwrap_or(u64::MAX));
+                ActionResult {
+                    image: Some(ActionImage {
+                        media_type: "image/png".into(),
+                        data: String::new(),
+                    }),
+                    size: Some([1, 1]),
+                    ..ActionResult::ok(name)
+                }
+            }
+            _ => ActionResult::ok(name),
+        });
+    }
+    (Response::ActionResults(answer), payload)
 }
