@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::container_engine::{ContainerSpec, Engine, Hardening, Limits, Ulimit};
 use super::spec::{self, NOFILE, NPROC};
 use crate::engine::ChangeProbe;
-use crate::store::Paths;
+use crate::paths::Paths;
 
 /// The label of a probe container; its value is the data directory of the
 /// broker that made it, so a broker removes only its own leftovers.
