@@ -309,3 +309,60 @@ async fn whatever_is_left_at_the_socket_path_does_not_outlive_a_restart() {
         );
     }
 }
+
+#[tokio::test]
+async fn clipboard_get_reads_what_an_x_client_put_on_the_clipboard() {
+    let Some(desktop) = Desktop::create("clipboard_get_reads_what_an_x_client_put") else {
+        return;
+    };
+    let mut watcher = desktop.start().await;
+    watcher.watch_until_ready(&desktop).await;
+    let mut client = Client::connect(&desktop.socket()).await;
+    // Nobody owns the clipboard on a fresh desktop.
+    match client.ask(&Request::ClipboardGet).await.message {
+        Response::Clipboard { has_text, .. } => assert!(!has_text),
+        other => panic!("clipboard_get answered {other:?}"),
+    }
+    // An independent X client (xterm, told by OSC 52) takes the clipboard.
+    let text = "dormouse clipboard ✓";
+    let b64 = dormouse_protocol::actions::base64(text.as_bytes());
+    let script = format!("printf '\\033]52;c;{b64}\\007'; sleep 60");
+    docker_ok(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000",
+        "-e",
+        "DISPLAY=:1",
+        desktop.name(),
+        "xterm",
+        "-xrm",
+        "XTerm*allowWindowOps: true",
+        "-e",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = client.ask(&Request::ClipboardGet).await;
+        match answer.message {
+            Response::Clipboard {
+                has_text: true,
+                truncated,
+            } => {
+                assert!(!truncated);
+                assert_eq!(String::from_utf8(answer.payload).unwrap(), text);
+                break;
+            }
+            Response::Clipboard { .. } => {}
+            other => panic!("clipboard_get answered {other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clipboard never held the text; logs:\n{}",
+            desktop.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

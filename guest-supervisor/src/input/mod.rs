@@ -153,15 +153,9 @@ pub async fn execute(
     batch: ActionBatch,
     options: InputOptions,
 ) -> Result<BatchOutcome, ExecuteError> {
-    // Before connecting: a batch refused for the configured screen size
-    // costs no X connection (the real size is checked again below).
-    actions::validate(
-        &batch,
-        Some(actions::Size {
-            width: config.width,
-            height: config.height,
-        }),
-    )?;
+    // Validated once here, against the real screen, in `run_batch` (the
+    // broker validated it once on its side, without a screen): the bound
+    // below holds for any batch, valid or not.
     let bound = batch_bound(config, &batch);
     let runtime = tokio::runtime::Handle::current();
     let probe_timeout = Duration::from_millis(config.probe_timeout_ms);

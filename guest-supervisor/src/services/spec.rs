@@ -1,0 +1,179 @@
+//! What the desktop's services are: their kinds, their command lines and
+//! environment, in start order. Plain data built from the configuration;
+//! nothing here starts or watches a process.
+
+use crate::config::{Browser, Config};
+
+/// What kind of service, which decides readiness and failure rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// The X server.
+    Display,
+    /// The window manager.
+    WindowManager,
+    /// The VNC server.
+    Vnc,
+    /// An autostarted browser.
+    Browser(Browser),
+}
+
+impl ServiceKind {
+    /// Whether this service waits for an earlier service of kind `earlier`
+    /// to run before it starts. The window manager and the VNC server need
+    /// only X (they are X clients of their own), so they start side by side
+    /// once X answers; a browser needs the whole desktop.
+    pub fn waits_for(self, earlier: ServiceKind) -> bool {
+        match self {
+            Self::Display => false,
+            Self::WindowManager | Self::Vnc => earlier == Self::Display,
+            Self::Browser(_) => true,
+        }
+    }
+}
+
+/// One service: its name in the status, kind and command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Name in the service table.
+    pub name: &'static str,
+    /// Kind.
+    pub kind: ServiceKind,
+    /// Program (looked up in `PATH`).
+    pub program: String,
+    /// Arguments.
+    pub args: Vec<String>,
+}
+
+/// Flags every autostarted Chromium gets: it runs in a container without a
+/// user namespace sandbox (and under `no-new-privileges`), and must not
+/// phone home or nag.
+pub const CHROMIUM_FLAGS: &[&str] = &[
+    "--no-sandbox",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--password-store=basic",
+    "--hide-crash-restore-bubble",
+];
+
+/// The services of a desktop, in start order.
+pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
+    let display = config.display_name();
+    let mut xvfb_args = vec![
+        display.clone(),
+        "-screen".into(),
+        "0".into(),
+        format!("{}x{}x{}", config.width, config.height, config.depth),
+        "-nolisten".into(),
+        "tcp".into(),
+        // Stay up when the last client disconnects.
+        "-noreset".into(),
+        // Readiness: the display number is written to stdout.
+        "-displayfd".into(),
+        "1".into(),
+    ];
+    if !config.glx {
+        xvfb_args.extend(["-extension".into(), "GLX".into()]);
+    }
+    let mut services = vec![
+        ServiceSpec {
+            name: "xvfb",
+            kind: ServiceKind::Display,
+            program: "Xvfb".into(),
+            args: xvfb_args,
+        },
+        ServiceSpec {
+            name: "openbox",
+            kind: ServiceKind::WindowManager,
+            program: "openbox".into(),
+            args: vec!["--sm-disable".into()],
+        },
+        ServiceSpec {
+            name: "vnc",
+            kind: ServiceKind::Vnc,
+            program: "x11vnc".into(),
+            args: vec![
+                "-display".into(),
+                display,
+                "-localhost".into(),
+                "-rfbport".into(),
+                config.vnc_port.to_string(),
+                "-forever".into(),
+                "-shared".into(),
+                "-nopw".into(),
+                "-noipv6".into(),
+                // Accept in its own thread: without it an idle x11vnc polls
+                // for new clients only every ~200 ms, which readiness waits out.
+                "-threads".into(),
+                // No naps: an x11vnc that saw no change for a while sleeps
+                // between polls and a viewer opened on an idle desktop
+                // waited seconds for its first frame.
+                "-nonap".into(),
+                // Leave key autorepeat alone on every (probe) connection.
+                "-repeat".into(),
+                // Its banner of tips is noise in the log; `PORT=` still comes.
+                "-quiet".into(),
+            ],
+        },
+    ];
+    if let Some(browser) = config.browser {
+        let (program, args) = match browser {
+            Browser::Chromium => (
+                "chromium",
+                CHROMIUM_FLAGS.iter().map(|s| (*s).to_owned()).collect(),
+            ),
+            Browser::GoogleChrome => (
+                "google-chrome",
+                CHROMIUM_FLAGS.iter().map(|s| (*s).to_owned()).collect(),
+            ),
+            Browser::Firefox => ("firefox-esr", Vec::new()),
+        };
+        services.push(ServiceSpec {
+            name: "browser",
+            kind: ServiceKind::Browser(browser),
+            program: program.into(),
+            args,
+        });
+    }
+    services
+}
+
+/// The environment of every desktop process.
+pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
+    let lang = std::env::var("LANG").unwrap_or_else(|_| "C.UTF-8".into());
+    let mut env = vec![
+        ("HOME".into(), config.home.display().to_string()),
+        ("USER".into(), "desk".into()),
+        ("LOGNAME".into(), "desk".into()),
+        ("SHELL".into(), "/bin/bash".into()),
+        (
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ),
+        ("DISPLAY".into(), config.display_name()),
+        ("LANG".into(), lang),
+    ];
+    if let Ok(tz) = std::env::var("TZ") {
+        env.push(("TZ".into(), tz));
+    }
+    // The container is the browsers' sandbox (see CHROMIUM_FLAGS): Firefox's
+    // own needs chroot from a user namespace, which an engine's seccomp
+    // profile may refuse, and its content processes then crash.
+    env.extend(
+        FIREFOX_SANDBOX_OFF
+            .iter()
+            .map(|k| ((*k).to_owned(), "1".to_owned())),
+    );
+    env
+}
+
+/// Variables that turn Firefox's own process sandboxes off.
+pub const FIREFOX_SANDBOX_OFF: &[&str] = &[
+    "MOZ_DISABLE_CONTENT_SANDBOX",
+    "MOZ_DISABLE_GMP_SANDBOX",
+    "MOZ_DISABLE_RDD_SANDBOX",
+    "MOZ_DISABLE_SOCKET_PROCESS_SANDBOX",
+    "MOZ_DISABLE_UTILITY_SANDBOX",
+];
