@@ -157,7 +157,7 @@ fn export_then_import_keeps_contents_and_modes() {
     assert!(listing.contains("to-root -> /"), "{listing}");
     assert!(listing.contains("notes-link -> notes.txt"), "{listing}");
     assert!(
-        listing.contains("notes-again.txt link to notes.txt"),
+        listing.contains("notes.txt link to notes-again.txt"),
         "{listing}"
     );
     assert!(
