@@ -6,16 +6,18 @@
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
+use dormouse_protocol::screen::ScreenMode;
 use std::path::PathBuf;
+use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
 use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
-use crate::guest::QuiesceHold;
+use crate::guest::{GuestSocket, QuiesceHold};
 use crate::reconcile::Orphan;
-use crate::relay::{Purpose, Ticket};
 use crate::screen::ScreenRegistry;
 use crate::workspace::{ChannelReader, DiskUsage, ImportSummary};
 
@@ -249,4 +251,52 @@ pub struct WorkspaceGrant {
     /// For an export: the guest keeps the browsers closed while this lives
     /// (drop it when the archive is done, or given up).
     pub hold: Option<QuiesceHold>,
+}
+
+/// What a guest call is for; the owner's checks depend on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Purpose {
+    /// A batch of computer-use actions whose own waits take `busy_for`:
+    /// fenced, ready; the idle timer renewed past the waits.
+    Actions {
+        /// The batch's `wait` and `hold_key` time.
+        busy_for: Duration,
+    },
+    /// A command or a terminal session: fenced, ready; the timer renewed.
+    Exec,
+    /// A still screenshot: running is enough, never fenced, not activity.
+    Screenshot,
+    /// Minting a live-screen capability of this mode: ready, nothing in
+    /// flight; `control` fenced. Not activity.
+    Screen(ScreenMode),
+    /// A connection of a capability already minted (whose registry entry
+    /// carries its own revocation): the computer exists. Not activity.
+    ScreenConnection,
+    /// The quiesce an export of a running desktop holds: the computer
+    /// exists (the workspace grant decided the rest). Not activity.
+    ExportQuiesce,
+}
+
+impl Purpose {
+    /// Whether the caller's generation must fence the call.
+    pub fn fenced(self) -> bool {
+        matches!(
+            self,
+            Self::Actions { .. } | Self::Exec | Self::Screen(ScreenMode::Control)
+        )
+    }
+}
+
+/// An admitted guest call.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    /// The computer.
+    pub computer: Uuid,
+    /// Its guest channel, as the backend names it.
+    pub guest: GuestSocket,
+    /// The generation the call was admitted under.
+    pub generation: u64,
+    /// Fires when that generation is fenced off or the computer goes (for
+    /// a fenced purpose; otherwise never, until the computer is removed).
+    pub revoked: CancellationToken,
 }

@@ -184,3 +184,30 @@ pub struct Imported {
     #[serde(default)]
     pub old_removed: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compressions_are_known_by_name_and_by_file_name() {
+        assert_eq!(Compression::parse("GZIP"), Some(Compression::Gzip));
+        assert_eq!(Compression::parse("zst"), Some(Compression::Zstd));
+        assert_eq!(Compression::parse("identity"), Some(Compression::None));
+        assert_eq!(Compression::parse("xz"), None);
+        assert_eq!(Compression::of_file_name("ws.tar.gz"), Compression::Gzip);
+        assert_eq!(Compression::of_file_name("WS.TGZ"), Compression::Gzip);
+        assert_eq!(Compression::of_file_name("ws.tar.zst"), Compression::Zstd);
+        assert_eq!(Compression::of_file_name("ws.tar"), Compression::None);
+        assert_eq!(Compression::of_file_name("notes.gz"), Compression::None);
+        assert_eq!(Compression::Zstd.content_encoding(), Some("zstd"));
+        assert_eq!(Compression::None.content_type(), TAR_CONTENT_TYPE);
+    }
+
+    #[test]
+    fn an_import_summary_without_link_counts_still_reads() {
+        let old = r#"{"files":1,"dirs":2,"bytes":3,"old_removed":true}"#;
+        let s: Imported = serde_json::from_str(old).unwrap();
+        assert_eq!((s.files, s.dirs, s.symlinks, s.hard_links), (1, 2, 0, 0));
+    }
+}

@@ -912,5 +912,71 @@ async fn venv_scenario(broker: &BrokerProcess) -> Result<()> {
         .await?;
     let inodes: Vec<_> = inodes.lines().collect();
     ensure!(inodes.len() == 2 && inodes[0] == inodes[1], "{inodes:?}");
+
+    // The CLI: an export named .tar.gz is gzip; a plain tar imported with
+    // --compress zstd goes compressed, and the workspace is as it was.
+    api.stop(b.id).await?;
+    api.wait_stopped(&mut events, b.id, STOPPED_TIMEOUT).await?;
+    let dir = std::env::temp_dir().join(format!("dormouse-venv-cli-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir)?;
+    let result = cli_round_trip(broker, b.id, &dir, &before).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// `dormouse ARGS...` against `broker`, through the CLI's library.
+async fn cli(broker: &BrokerProcess, args: &[&str]) -> Result<String> {
+    use clap::Parser as _;
+    let url = format!("http://{}", broker.addr());
+    let data_dir = broker.data_dir().to_string_lossy().into_owned();
+    let mut argv = vec!["dormouse", "--url", &url, "--data-dir", &data_dir];
+    argv.extend_from_slice(args);
+    let parsed = dormouse_cli::CliArgs::try_parse_from(argv)?;
+    let mut out = Vec::new();
+    dormouse_cli::run(parsed, &mut out)
+        .await
+        .map_err(|e| anyhow::anyhow!("dormouse {args:?}: {e}"))?;
+    Ok(String::from_utf8(out)?)
+}
+
+async fn cli_round_trip(
+    broker: &BrokerProcess,
+    id: Uuid,
+    dir: &Path,
+    before: &BTreeMap<String, (char, String, i128, String)>,
+) -> Result<()> {
+    let gz = dir.join("ws.tar.gz");
+    let id_text = id.to_string();
+    cli(broker, &["export", &id_text, "-o", gz.to_str().unwrap()]).await?;
+    ensure!(
+        std::fs::read(&gz)?.starts_with(&[0x1f, 0x8b]),
+        "a gzip file"
+    );
+    let plain = dir.join("ws.tar");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -dc {} > {}",
+            gz.to_str().unwrap(),
+            plain.to_str().unwrap()
+        ))
+        .status()?;
+    ensure!(out.success());
+    std::fs::remove_dir_all(broker.workspace(id).join("proj"))?;
+    let said = cli(
+        broker,
+        &[
+            "import",
+            &id_text,
+            "-i",
+            plain.to_str().unwrap(),
+            "--compress",
+            "zstd",
+        ],
+    )
+    .await?;
+    ensure!(said.contains("imported"), "{said}");
+    let after = links_and_times(&broker.workspace(id));
+    ensure!(&after == before, "before {before:?}\nafter {after:?}");
     Ok(())
 }

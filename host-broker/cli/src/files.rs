@@ -1,7 +1,9 @@
-//! `dormouse cp`, `files`, `disk`, `export` and `import`: a desktop's
-//! workspace from the host, through the broker's workspace routes. None of
-//! them wakes a stopped desktop (an export of a running one closes its
-//! browsers first, unless `--no-quiesce`).
+//! The workspace subcommands (`cp`, `files`, `disk`, `export`, `import`)
+//! and the two that live here, `files` and `disk`: a desktop's workspace
+//! from the host, through the broker's workspace routes. None of them
+//! wakes a stopped desktop (an export of a running one closes its browsers
+//! first, unless `--no-quiesce`). `cp`, `export` and `import` have files of
+//! their own.
 //!
 //! Names that came from the workspace are printed escaped: the guest chose
 //! them.
@@ -10,11 +12,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use dormouse_client::{Client, Fetched, Saved, Upload};
+use dormouse_client::{Client, Fetched};
 use dormouse_protocol::workspace::{Compression, EntryType};
 
 use super::escape::Safe;
-use super::{print_json, print_status, resolve, stdout, CliError};
+use super::{print_json, resolve, stdout, CliError};
 
 /// The workspace subcommands (flattened into `dormouse`'s own).
 #[derive(Debug, Clone, Subcommand)]
@@ -96,73 +98,7 @@ pub(crate) async fn run(
     out: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
     match command {
-        FilesCommand::Cp { src, dst } => match (remote(&src), remote(&dst)) {
-            (Some(_), Some(_)) => Err(CliError::Usage(
-                "cp copies between a workspace and a local file, not between two workspaces".into(),
-            )),
-            (None, None) => Err(CliError::Usage(
-                "cp needs ID:path on one side (the workspace) and a local file on the other".into(),
-            )),
-            (Some((who, path)), None) => {
-                let id = resolve(client, who).await?;
-                let is_dir = || {
-                    CliError::Failed(format!(
-                        "{} is a directory (list it with `dormouse files`)",
-                        Safe(path)
-                    ))
-                };
-                if dst == "-" {
-                    return match client.fetch_into(id, path, out).await? {
-                        Saved::File(_) => Ok(()),
-                        Saved::Dir(_) => Err(is_dir()),
-                    };
-                }
-                // Streamed into the file, which is only created once the
-                // broker answers with a file (a directory leaves nothing).
-                let mut file = LazyFile::new(PathBuf::from(&dst));
-                let saved = client.fetch_into(id, path, &mut file).await;
-                let bytes = match saved? {
-                    Saved::File(bytes) => bytes,
-                    Saved::Dir(_) => return Err(is_dir()),
-                };
-                file.finish()?;
-                if json {
-                    print_json(
-                        out,
-                        &serde_json::json!({ "id": id, "file": dst, "bytes": bytes }),
-                    )
-                } else {
-                    writeln!(out, "copied {bytes} bytes to {dst}").map_err(stdout)
-                }
-            }
-            (None, Some((who, path))) => {
-                let id = resolve(client, who).await?;
-                let body = upload_plain(if src == "-" {
-                    None
-                } else {
-                    Some(src.clone().into())
-                })
-                .await?;
-                let written = client.write_file(id, path, body, true).await?;
-                if json {
-                    print_json(out, &written)
-                } else {
-                    writeln!(
-                        out,
-                        "{} {} bytes to {}:{}",
-                        if written.created {
-                            "created"
-                        } else {
-                            "replaced"
-                        },
-                        written.bytes,
-                        id,
-                        Safe(path)
-                    )
-                    .map_err(stdout)
-                }
-            }
-        },
+        FilesCommand::Cp { src, dst } => crate::cp::run(client, &src, &dst, json, out).await,
         FilesCommand::Files { id, path } => {
             let id = resolve(client, &id).await?;
             match client.fetch(id, &path).await? {
@@ -226,36 +162,7 @@ pub(crate) async fn run(
             output,
             no_quiesce,
             compress,
-        } => {
-            let id = resolve(client, &id).await?;
-            let by_name = output
-                .as_deref()
-                .map(|p| Compression::of_file_name(&p.to_string_lossy()))
-                .unwrap_or_default();
-            let compression = compress.unwrap_or(by_name);
-            match output {
-                Some(file) => {
-                    let mut f = std::fs::File::create(&file).map_err(|source| CliError::Io {
-                        path: file.clone(),
-                        source,
-                    })?;
-                    let bytes = client
-                        .export_compressed(id, !no_quiesce, compression, &mut f)
-                        .await?;
-                    f.sync_all().map_err(|source| CliError::Io {
-                        path: file.clone(),
-                        source,
-                    })?;
-                    eprintln!("exported {bytes} bytes to {}", file.display());
-                    Ok(())
-                }
-                None => client
-                    .export_compressed(id, !no_quiesce, compression, out)
-                    .await
-                    .map(drop)
-                    .map_err(Into::into),
-            }
-        }
+        } => crate::export::run(client, &id, output, !no_quiesce, compress, out).await,
         FilesCommand::Import {
             id,
             input,
@@ -264,161 +171,12 @@ pub(crate) async fn run(
             owner,
             compress,
         } => {
-            let tar = upload_archive(input, compress).await?;
-            if new {
-                let status = client
-                    .create_from_tar(name.as_deref(), owner.as_deref(), tar)
-                    .await?;
-                return print_status(out, &status, json);
-            }
-            let Some(id) = id else {
-                return Err(CliError::Usage("import needs an ID or --new".into()));
+            let target = match (new, id) {
+                (true, _) => crate::import::Target::New { name, owner },
+                (false, Some(id)) => crate::import::Target::Existing(id),
+                (false, None) => return Err(CliError::Usage("import needs an ID or --new".into())),
             };
-            let id = resolve(client, &id).await?;
-            let summary = client.import(id, tar).await?;
-            if json {
-                print_json(out, &summary)
-            } else {
-                writeln!(
-                    out,
-                    "imported {} files and {} directories ({} bytes) into {id}",
-                    summary.files, summary.dirs, summary.bytes
-                )
-                .map_err(stdout)
-            }
+            crate::import::run(client, target, input, compress, json, out).await
         }
-    }
-}
-
-/// `ID:path` → (`ID`, `path`); anything with a `/` before its first `:`,
-/// or no `:`, is a local path (`./a:b` is local).
-fn remote(arg: &str) -> Option<(&str, &str)> {
-    let (who, path) = arg.split_once(':')?;
-    (!who.is_empty() && !who.contains('/')).then_some((who, path))
-}
-
-/// A local file created on the first write (or by [`LazyFile::finish`],
-/// for an empty one), so an answer that is not a file leaves none behind.
-struct LazyFile {
-    path: PathBuf,
-    file: Option<std::fs::File>,
-}
-
-impl LazyFile {
-    fn new(path: PathBuf) -> Self {
-        Self { path, file: None }
-    }
-
-    fn open(&mut self) -> std::io::Result<&mut std::fs::File> {
-        match &mut self.file {
-            Some(f) => Ok(f),
-            slot => Ok(slot.insert(std::fs::File::create(&self.path)?)),
-        }
-    }
-
-    /// Creates the file if nothing was written, and syncs it.
-    fn finish(mut self) -> Result<(), CliError> {
-        let path = self.path.clone();
-        self.open()
-            .and_then(|f| f.sync_all())
-            .map_err(|source| CliError::Io { path, source })
-    }
-}
-
-impl Write for LazyFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.open()?.write(buf)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match &mut self.file {
-            Some(f) => f.flush(),
-            None => Ok(()),
-        }
-    }
-}
-
-/// An archive from a local file, or stdin, streamed to the broker as it is
-/// read (never held whole in memory); a file named as compressed is
-/// labelled so, and `compress` compresses a plain one on the way.
-async fn upload_archive(
-    file: Option<PathBuf>,
-    compress: Option<Compression>,
-) -> Result<Upload, CliError> {
-    let by_name = file
-        .as_deref()
-        .map(|p| Compression::of_file_name(&p.to_string_lossy()))
-        .unwrap_or_default();
-    let compress = compress.filter(|c| *c != Compression::None);
-    match (compress, by_name) {
-        (Some(asked), Compression::Gzip | Compression::Zstd) if asked != by_name => {
-            return Err(CliError::Usage(format!(
-                "the input is {} by its name; --compress is for a plain tar",
-                by_name.name()
-            )))
-        }
-        (Some(asked), Compression::None) => return compressing(file, asked),
-        _ => {}
-    }
-    Ok(upload_plain(file).await?.compressed_as(by_name))
-}
-
-/// A local file, or stdin, streamed to the broker as it is read.
-async fn upload_plain(file: Option<PathBuf>) -> Result<Upload, CliError> {
-    match file {
-        Some(path) => Upload::file(&path)
-            .await
-            .map_err(|source| CliError::Io { path, source }),
-        None => Ok(Upload::reader(tokio::io::stdin())),
-    }
-}
-
-/// An upload of `file` (or stdin) compressed as it is read, by a thread
-/// writing into a pipe whose other end is streamed.
-fn compressing(file: Option<PathBuf>, how: Compression) -> Result<Upload, CliError> {
-    let pipe_err = |source| CliError::Io {
-        path: PathBuf::from("<pipe>"),
-        source,
-    };
-    let (reader, writer) = nix::unistd::pipe().map_err(|e| pipe_err(e.into()))?;
-    let writer = std::fs::File::from(writer);
-    let mut source: Box<dyn std::io::Read + Send> = match &file {
-        Some(path) => Box::new(std::fs::File::open(path).map_err(|source| CliError::Io {
-            path: path.clone(),
-            source,
-        })?),
-        None => Box::new(std::io::stdin()),
-    };
-    std::thread::spawn(move || {
-        // An error drops the pipe early: the upload breaks off and the
-        // broker changes nothing.
-        let result = match how {
-            Compression::Zstd => zstd::stream::write::Encoder::new(writer, 3).and_then(|mut e| {
-                std::io::copy(&mut source, &mut e)?;
-                e.finish().map(drop)
-            }),
-            _ => {
-                let mut e = flate2::write::GzEncoder::new(writer, flate2::Compression::new(3));
-                std::io::copy(&mut source, &mut e).and_then(|_| e.finish().map(drop))
-            }
-        };
-        if let Err(e) = result {
-            eprintln!("dormouse: compressing the upload failed: {e}");
-        }
-    });
-    let reader = tokio::fs::File::from_std(std::fs::File::from(reader));
-    Ok(Upload::reader(reader).compressed_as(how))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn remote_and_local_arguments_are_told_apart() {
-        assert_eq!(remote("desk:notes/a.txt"), Some(("desk", "notes/a.txt")));
-        assert_eq!(remote("./a:b"), None);
-        assert_eq!(remote("/tmp/x"), None);
-        assert_eq!(remote(":x"), None);
     }
 }

@@ -9,26 +9,37 @@
 //! matches several desktops).
 
 pub mod actions;
+mod cp;
+mod create;
 pub mod escape;
 pub mod exec;
+mod export;
 pub mod files;
+mod import;
+mod lease;
+mod ls;
+mod output;
+mod rm;
 mod screen;
+mod screenshot;
+mod start;
+mod status;
+mod stop;
+mod touch;
+mod wait;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use dormouse_client::token::{default_token_files, read_token_file, TokenFileError, TOKEN_FILE};
-use dormouse_client::{Client, Endpoint, EventStream, EventsError, StatusCode};
-use dormouse_protocol::api::{
-    BrokerEvent, ComputerStatus, ContainerState, CreateComputer, LeaseRequest, StopReason,
-    GENERATION_HEADER,
-};
+use dormouse_client::{Client, Endpoint, EventsError, StatusCode};
 use uuid::Uuid;
 
-use escape::{safe_json, Safe};
+use escape::Safe;
+use output::print_json;
 
 /// Bound of one HTTP request (a start or stop may wait on the engine).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
@@ -360,158 +371,40 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
     let token = find_token(&args)?;
     let client = connect(&args.url, token, args.generation)?;
     let json = args.json;
+    let c = &client;
     match args.command {
-        CliCommand::Files(command) => files::run(&client, command, json, out).await,
+        CliCommand::Files(command) => files::run(c, command, json, out).await,
         CliCommand::Create {
             name,
             owner,
             wait,
             timeout,
-        } => {
-            let request = CreateComputer {
-                name,
-                owner,
-                workspace_from: None,
-            };
-            let mut events = if wait {
-                Some(client.events().await?)
-            } else {
-                None
-            };
-            let status = client.create(&request).await?;
-            if let Some(events) = events.as_mut() {
-                if !json {
-                    writeln!(out, "created {} ({})", status.id, Safe(&status.name))
-                        .map_err(stdout)?;
-                }
-                let status = wait_ready(&client, events, status, timeout, json, out).await?;
-                print_status(out, &status, json)
-            } else {
-                print_status(out, &status, json)
-            }
-        }
-        CliCommand::Ls => {
-            let list = client.list().await?;
-            if json {
-                print_json(out, &list)
-            } else {
-                print_table(out, &list)
-            }
-        }
-        CliCommand::Status { id, watch } => {
-            let id = resolve(&client, &id).await?;
-            if watch {
-                watch_status(&client, id, json, out).await
-            } else {
-                let status = client.get(id).await?;
-                print_status(out, &status, json)
-            }
-        }
+        } => create::run(c, name, owner, wait.then_some(timeout), json, out).await,
+        CliCommand::Ls => ls::run(c, json, out).await,
+        CliCommand::Status { id, watch } => status::run(c, &id, watch, json, out).await,
         CliCommand::Start { id, wait, timeout } => {
-            let id = resolve(&client, &id).await?;
-            // Subscribe before asking, so no change between the two is missed.
-            let mut events = if wait {
-                Some(client.events().await?)
-            } else {
-                None
-            };
-            let started = Instant::now();
-            let status = client.start(id).await?;
-            match events.as_mut() {
-                Some(events) => {
-                    let status = wait_ready(&client, events, status, timeout, json, out).await?;
-                    if !json {
-                        writeln!(out, "ready after {:.2} s", started.elapsed().as_secs_f64())
-                            .map_err(stdout)?;
-                    }
-                    if json {
-                        print_json(out, &status)?;
-                    }
-                    Ok(())
-                }
-                None => print_status(out, &status, json),
-            }
+            start::run(c, &id, wait.then_some(timeout), json, out).await
         }
-        CliCommand::Stop { id } => {
-            let id = resolve(&client, &id).await?;
-            let status = client.stop(id).await?;
-            print_status(out, &status, json)
-        }
-        CliCommand::Touch { id } => {
-            let id = resolve(&client, &id).await?;
-            let status = client.touch(id).await?;
-            print_status(out, &status, json)
-        }
-        CliCommand::Rm { id, purge } => {
-            let id = resolve(&client, &id).await?;
-            client.remove(id, purge).await?;
-            if json {
-                print_json(out, &serde_json::json!({ "removed": id, "purged": purge }))
-            } else {
-                writeln!(
-                    out,
-                    "removed {id}{}",
-                    if purge {
-                        " and its workspace"
-                    } else {
-                        " (workspace kept)"
-                    }
-                )
-                .map_err(stdout)
-            }
-        }
-        CliCommand::Act(a) => actions::act(&client, a, json, out).await,
-        CliCommand::Type(a) => actions::type_text(&client, a, json, out).await,
-        CliCommand::Key(a) => actions::key(&client, a, json, out).await,
+        CliCommand::Stop { id } => stop::run(c, &id, json, out).await,
+        CliCommand::Touch { id } => touch::run(c, &id, json, out).await,
+        CliCommand::Rm { id, purge } => rm::run(c, &id, purge, json, out).await,
+        CliCommand::Act(a) => actions::act(c, a, json, out).await,
+        CliCommand::Type(a) => actions::type_text(c, a, json, out).await,
+        CliCommand::Key(a) => actions::key(c, a, json, out).await,
         CliCommand::Screenshot {
             id,
             output,
             scale: Some(scale),
-        } => actions::scaled_screenshot(&client, &id, scale, &output, json, out).await,
+        } => actions::scaled_screenshot(c, &id, scale, &output, json, out).await,
         CliCommand::Screenshot {
             id,
             output,
             scale: None,
-        } => {
-            let id = resolve(&client, &id).await?;
-            let png = client.screenshot(id).await?;
-            std::fs::write(&output, &png).map_err(|source| CliError::Io {
-                path: output.clone(),
-                source,
-            })?;
-            if json {
-                print_json(
-                    out,
-                    &serde_json::json!({ "id": id, "file": output, "bytes": png.len() }),
-                )
-            } else {
-                writeln!(out, "saved {} ({} bytes)", output.display(), png.len()).map_err(stdout)
-            }
-        }
+        } => screenshot::run(c, &id, &output, json, out).await,
         CliCommand::Screen { id, control, ttl } => {
-            screen::screen(&client, &id, control, ttl, json, out).await
+            screen::screen(c, &id, control, ttl, json, out).await
         }
-        CliCommand::Lease { id, holder, ttl } => {
-            let id = resolve(&client, &id).await?;
-            let request = LeaseRequest {
-                holder,
-                ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-            };
-            let grant = client.lease(id, &request).await?;
-            if json {
-                print_json(out, &grant)
-            } else {
-                writeln!(
-                    out,
-                    "generation {} for {} until {} (send it as --generation {} or {GENERATION_HEADER})",
-                    grant.generation,
-                    Safe(&grant.holder),
-                    grant.expires_at.to_rfc3339(),
-                    grant.generation
-                )
-                .map_err(stdout)
-            }
-        }
+        CliCommand::Lease { id, holder, ttl } => lease::run(c, &id, holder, ttl, json, out).await,
         CliCommand::Exec {
             id,
             cwd,
@@ -520,7 +413,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             timeout,
             argv,
         } => {
-            let id = resolve(&client, &id).await?;
+            let id = resolve(c, &id).await?;
             let args = exec::ExecArgs {
                 argv,
                 cwd,
@@ -528,14 +421,14 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
                 stdin,
                 timeout,
             };
-            match exec::exec(&client, id, args, json, out).await? {
+            match exec::exec(c, id, args, json, out).await? {
                 0 => Ok(()),
                 code => Err(CliError::Exited(code)),
             }
         }
         CliCommand::Shell { id, argv } => {
-            let id = resolve(&client, &id).await?;
-            match exec::shell(&client, id, &argv).await? {
+            let id = resolve(c, &id).await?;
+            match exec::shell(c, id, &argv).await? {
                 0 => Ok(()),
                 code => Err(CliError::Exited(code)),
             }
@@ -623,284 +516,6 @@ async fn resolve(client: &Client, given: &str) -> Result<Uuid, CliError> {
             matches.len()
         ))),
     }
-}
-
-/// Follows `status` until ready, printing each change of phase; fails when
-/// the container stops or vanishes, or at the deadline.
-async fn wait_ready(
-    client: &Client,
-    events: &mut EventStream,
-    initial: ComputerStatus,
-    timeout: Duration,
-    json: bool,
-    out: &mut (dyn Write + Send),
-) -> Result<ComputerStatus, CliError> {
-    let id = initial.id;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last = initial;
-    let mut shown = String::new();
-    loop {
-        let line = progress_line(&last);
-        if line != shown && !json {
-            writeln!(out, "  {line}").map_err(stdout)?;
-            shown = line;
-        }
-        if last.ready {
-            return Ok(last);
-        }
-        if matches!(
-            last.container,
-            ContainerState::Stopped | ContainerState::Missing
-        ) {
-            // The stream's first messages are a snapshot that may predate the
-            // start; only a fresh read can say the start really failed.
-            let fresh = client.get(id).await?;
-            if !matches!(
-                fresh.container,
-                ContainerState::Stopped | ContainerState::Missing
-            ) {
-                last = fresh;
-                continue;
-            }
-            let why = fresh
-                .problem
-                .clone()
-                .or_else(|| fresh.resumable_problem.clone())
-                .unwrap_or_else(|| format!("the container is {}", container_word(fresh.container)));
-            return Err(CliError::Failed(format!(
-                "{id} did not become ready: {why}"
-            )));
-        }
-        let event = match tokio::time::timeout_at(deadline, events.next()).await {
-            Err(_) => {
-                return Err(CliError::Failed(format!(
-                    "{id} not ready after {}: {}",
-                    humantime::format_duration(timeout),
-                    last.problem.as_deref().unwrap_or("no problem reported")
-                )))
-            }
-            Ok(event) => event?,
-        };
-        match event {
-            Some(BrokerEvent::Status { computer }) if computer.id == id => last = *computer,
-            Some(BrokerEvent::Removed { id: gone }) if gone == id => {
-                return Err(CliError::Failed(format!("{id} was removed while starting")));
-            }
-            Some(_) => {}
-            None => {
-                // The stream ended (broker restart); one last look.
-                last = client.get(id).await?;
-                if !last.ready {
-                    return Err(CliError::Failed(
-                        "event stream: the broker closed the event stream".into(),
-                    ));
-                }
-            }
-        }
-    }
-}
-
-async fn watch_status(
-    client: &Client,
-    id: Uuid,
-    json: bool,
-    out: &mut (dyn Write + Send),
-) -> Result<(), CliError> {
-    let mut events = client.events().await?;
-    while let Some(event) = events.next().await? {
-        match event {
-            BrokerEvent::Status { computer } if computer.id == id => {
-                if json {
-                    print_json(out, &computer)?;
-                } else {
-                    writeln!(
-                        out,
-                        "{}  {}",
-                        chrono::Local::now().format("%H:%M:%S"),
-                        progress_line(&computer)
-                    )
-                    .map_err(stdout)?;
-                }
-                out.flush().map_err(stdout)?;
-            }
-            BrokerEvent::Removed { id: gone } if gone == id => {
-                if json {
-                    print_json(out, &BrokerEvent::Removed { id })?;
-                } else {
-                    writeln!(out, "removed").map_err(stdout)?;
-                }
-                return Ok(());
-            }
-            _ => {}
-        }
-    }
-    Err(CliError::Failed(
-        "event stream: the broker closed the event stream".into(),
-    ))
-}
-
-fn container_word(state: ContainerState) -> &'static str {
-    match state {
-        ContainerState::Running => "running",
-        ContainerState::Stopped => "stopped",
-        ContainerState::Missing => "missing",
-        ContainerState::Unknown => "unknown",
-    }
-}
-
-/// What a person wants to know of a state, in one line.
-fn progress_line(s: &ComputerStatus) -> String {
-    let mut line = match (s.container, s.ready) {
-        (ContainerState::Running, true) => "ready".to_owned(),
-        (ContainerState::Running, false) => match s.phase {
-            Some(phase) => format!("running, {}", serde_plain(&phase)),
-            None => "running, not ready".to_owned(),
-        },
-        (ContainerState::Stopped, _) => stop_words(s.stop_reason),
-        (other, _) => format!("container {}", container_word(other)),
-    };
-    if let Some(problem) = &s.problem {
-        line.push_str(&format!(" ({})", Safe(problem)));
-    }
-    line
-}
-
-/// The stop reason as the panel says it; a neutral "stopped" when unknown.
-fn stop_words(reason: Option<StopReason>) -> String {
-    match reason {
-        Some(StopReason::Idle) => "stopped because idle",
-        Some(StopReason::Manual) => "stopped manually",
-        Some(StopReason::Shutdown) => "stopped because the host shut down",
-        Some(StopReason::Fenced) => "stopped because another controller took over",
-        Some(StopReason::Killed) => "stopped because it was killed",
-        Some(StopReason::Oom) => "stopped because it ran out of memory",
-        None => "stopped",
-    }
-    .to_owned()
-}
-
-/// A unit enum's serde name (`Phase::Starting` → `starting`).
-fn serde_plain<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-fn print_json<T: serde::Serialize + ?Sized>(
-    out: &mut (dyn Write + Send),
-    value: &T,
-) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| CliError::Failed(format!("cannot print JSON: {e}")))?;
-    writeln!(out, "{}", safe_json(&text)).map_err(stdout)
-}
-
-fn print_status(
-    out: &mut (dyn Write + Send),
-    s: &ComputerStatus,
-    json: bool,
-) -> Result<(), CliError> {
-    if json {
-        return print_json(out, s);
-    }
-    let mut text = format!(
-        "id          {}\nname        {}\nowner       {}\nstate       {}\ncontainer   {}\nready       {}\n",
-        s.id,
-        Safe(&s.name),
-        Safe(&s.owner),
-        progress_line(s),
-        container_word(s.container),
-        s.ready
-    );
-    if let Some(at) = s.stopped_at {
-        text.push_str(&format!("stopped at  {}\n", at.to_rfc3339()));
-    }
-    text.push_str(&format!(
-        "resumable   {}{}\n",
-        s.resumable,
-        s.resumable_problem
-            .as_deref()
-            .map(|p| format!(" ({})", Safe(p)))
-            .unwrap_or_default()
-    ));
-    if let Some(idle) = &s.idle {
-        text.push_str(&format!("idle        {}\n", idle_words(idle)));
-    }
-    text.push_str(&format!(
-        "generation  {}\nimage       {}\n",
-        s.generation,
-        Safe(&s.image_id)
-    ));
-    if let Some(limit) = &s.workspace_limit {
-        text.push_str(&format!("workspace   {}\n", limit_words(limit)));
-    }
-    if let Some(health) = &s.health {
-        text.push_str(&format!("health      {}\n", serde_plain(&health.overall)));
-        for check in &health.checks {
-            text.push_str(&format!(
-                "  {:<18} {:<8} {}\n",
-                Safe(&check.name),
-                serde_plain(&check.status),
-                Safe(&check.detail)
-            ));
-        }
-    }
-    out.write_all(text.as_bytes()).map_err(stdout)
-}
-
-/// The workspace limit in words: its sizes, or that there is none and why.
-fn limit_words(limit: &dormouse_protocol::api::WorkspaceLimit) -> String {
-    if limit.enforced {
-        let bytes = limit
-            .bytes
-            .map_or_else(|| "?".to_owned(), |b| format!("{} MiB", b >> 20));
-        let inodes = limit
-            .inodes
-            .map_or_else(|| "?".to_owned(), |i| i.to_string());
-        format!("limited to {bytes} and {inodes} files")
-    } else {
-        format!(
-            "no size limit ({})",
-            Safe(limit.reason.as_deref().unwrap_or("not enforced"))
-        )
-    }
-}
-
-fn idle_words(idle: &dormouse_protocol::api::IdleStatus) -> String {
-    let window = humantime::format_duration(Duration::from_secs(idle.timeout_ms / 1000));
-    match idle.stops_at {
-        Some(at) => {
-            let left = u64::try_from((at - chrono::Utc::now()).num_seconds()).unwrap_or(0);
-            format!(
-                "stops in {} (window {window})",
-                humantime::format_duration(Duration::from_secs(left))
-            )
-        }
-        None => format!("timer paused (window {window})"),
-    }
-}
-
-fn print_table(out: &mut (dyn Write + Send), list: &[ComputerStatus]) -> Result<(), CliError> {
-    if list.is_empty() {
-        return writeln!(out, "no desktops (create one with `dormouse create`)").map_err(stdout);
-    }
-    let mut text = format!(
-        "{:<10} {:<20} {:<10} {:<6} {}\n",
-        "ID", "NAME", "CONTAINER", "READY", "STATE"
-    );
-    for s in list {
-        let short = &s.id.to_string()[..8];
-        text.push_str(&format!(
-            "{:<10} {:<20} {:<10} {:<6} {}\n",
-            short,
-            Safe(&s.name),
-            container_word(s.container),
-            if s.ready { "yes" } else { "no" },
-            progress_line(s)
-        ));
-    }
-    out.write_all(text.as_bytes()).map_err(stdout)
 }
 
 fn stdout(source: std::io::Error) -> CliError {

@@ -28,63 +28,15 @@ use std::time::Duration;
 use dormouse_protocol::actions::{ActionBatch, ActionResults};
 use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
 use dormouse_protocol::guest::PtyOpened;
-use dormouse_protocol::screen::ScreenMode;
 use tokio::net::UnixStream;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::command::{BrokerHandle, Command, Fence};
 use crate::error::BrokerError;
 use crate::guest::exec::{GuestPty, EXEC_KILL_MARGIN};
-use crate::guest::{self, GuestError, GuestSocket, QuiesceHold, CONNECT_TIMEOUT};
+use crate::guest::{self, GuestError, QuiesceHold, CONNECT_TIMEOUT};
 
-/// What a guest call is for; the owner's checks depend on it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Purpose {
-    /// A batch of computer-use actions whose own waits take `busy_for`:
-    /// fenced, ready; the idle timer renewed past the waits.
-    Actions {
-        /// The batch's `wait` and `hold_key` time.
-        busy_for: Duration,
-    },
-    /// A command or a terminal session: fenced, ready; the timer renewed.
-    Exec,
-    /// A still screenshot: running is enough, never fenced, not activity.
-    Screenshot,
-    /// Minting a live-screen capability of this mode: ready, nothing in
-    /// flight; `control` fenced. Not activity.
-    Screen(ScreenMode),
-    /// A connection of a capability already minted (whose registry entry
-    /// carries its own revocation): the computer exists. Not activity.
-    ScreenConnection,
-    /// The quiesce an export of a running desktop holds: the computer
-    /// exists (the workspace grant decided the rest). Not activity.
-    ExportQuiesce,
-}
-
-impl Purpose {
-    /// Whether the caller's generation must fence the call.
-    pub fn fenced(self) -> bool {
-        matches!(
-            self,
-            Self::Actions { .. } | Self::Exec | Self::Screen(ScreenMode::Control)
-        )
-    }
-}
-
-/// An admitted guest call.
-#[derive(Debug, Clone)]
-pub struct Ticket {
-    /// The computer.
-    pub computer: Uuid,
-    /// Its guest channel, as the backend names it.
-    pub guest: GuestSocket,
-    /// The generation the call was admitted under.
-    pub generation: u64,
-    /// Fires when that generation is fenced off or the computer goes (for
-    /// a fenced purpose; otherwise never, until the computer is removed).
-    pub revoked: CancellationToken,
-}
+pub use crate::command::{Purpose, Ticket};
 
 impl Ticket {
     /// Runs `call` unless (or until) the ticket is revoked.

@@ -19,11 +19,13 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormouse_protocol::api::{CreateComputer, ErrorCode};
+use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::workspace::{Compression, COMPRESSION_QUERY, WORKSPACE_TAR_QUERY};
 use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use uuid::Uuid;
+
+mod encoding;
 
 use super::body::BodyDeadline;
 use super::error::HttpError;
@@ -36,6 +38,7 @@ use crate::workspace::{
     create_from_tar, delete, export_archive, open, write_file, ChannelReader, ChannelWriter,
     Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
+use encoding::{accepted_encoding, check_upload_format};
 
 /// Chunks in flight between a blocking end and an HTTP body.
 const CHANNEL_DEPTH: usize = 8;
@@ -231,81 +234,6 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
         Ok(response)
     })
     .await
-}
-
-/// The compression an `Accept-Encoding` asks for: zstd before gzip, none
-/// when neither is named with a weight above zero.
-fn accepted_encoding(request: &Request) -> Compression {
-    let Some(value) = request
-        .headers()
-        .get(header::ACCEPT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return Compression::None;
-    };
-    let accepted: Vec<Compression> = value
-        .split(',')
-        .filter_map(|item| {
-            let mut parts = item.split(';');
-            let name = parts.next()?.trim();
-            let refused = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    .is_some_and(|q| q <= 0.0)
-            });
-            if refused || name == "identity" {
-                return None;
-            }
-            Compression::parse(name).filter(|c| *c != Compression::None)
-        })
-        .collect();
-    [Compression::Zstd, Compression::Gzip]
-        .into_iter()
-        .find(|c| accepted.contains(c))
-        .unwrap_or(Compression::None)
-}
-
-/// Refuses, before reading it, an upload whose `Content-Encoding` or
-/// `Content-Type` names a format the import cannot read. What the import
-/// reads is then decided by the stream's own first bytes.
-fn check_upload_format(request: &Request) -> Result<(), HttpError> {
-    let unsupported = |message: &str| HttpError::new(ErrorCode::UnsupportedMediaType, message);
-    let text = |name| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.trim().to_ascii_lowercase())
-    };
-    if let Some(encoding) = text(header::CONTENT_ENCODING) {
-        for item in encoding.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            if Compression::parse(item).is_none() {
-                return Err(unsupported(&format!(
-                    "content encoding {:?} is not supported (only gzip and zstd are)",
-                    item.chars().take(32).collect::<String>()
-                )));
-            }
-        }
-    }
-    if let Some(kind) = text(header::CONTENT_TYPE) {
-        let kind = kind.split(';').next().unwrap_or("").trim().to_owned();
-        match kind.as_str() {
-            "application/zip" | "application/x-zip-compressed" => {
-                return Err(unsupported("this is a zip archive, not a tar"))
-            }
-            "application/x-xz" => {
-                return Err(unsupported("xz is not supported (only gzip and zstd are)"))
-            }
-            "application/x-bzip2" => {
-                return Err(unsupported(
-                    "bzip2 is not supported (only gzip and zstd are)",
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// `PUT /v1/computers/{id}/workspace`: replaces a stopped desktop's
@@ -654,45 +582,6 @@ mod tests {
         );
         assert_eq!(percent_decode(b"%zz"), None);
         assert_eq!(percent_decode(b"%4"), None);
-    }
-
-    #[test]
-    fn accept_encoding_prefers_zstd_and_honours_zero_weights() {
-        let with = |v: &str| {
-            let r = Request::builder()
-                .header(header::ACCEPT_ENCODING, v)
-                .body(Body::empty())
-                .unwrap();
-            accepted_encoding(&r)
-        };
-        assert_eq!(with("gzip, deflate, br, zstd"), Compression::Zstd);
-        assert_eq!(with("gzip"), Compression::Gzip);
-        assert_eq!(with("zstd;q=0, gzip;q=0.5"), Compression::Gzip);
-        assert_eq!(with("br, identity"), Compression::None);
-    }
-
-    #[test]
-    fn uploads_in_formats_the_import_cannot_read_are_refused_first() {
-        let with = |name, v: &str| {
-            let r = Request::builder()
-                .header(name, v)
-                .body(Body::empty())
-                .unwrap();
-            check_upload_format(&r).map_err(|e| e.message().to_owned())
-        };
-        assert!(with(header::CONTENT_ENCODING, "gzip").is_ok());
-        assert!(with(header::CONTENT_ENCODING, "zstd").is_ok());
-        assert!(with(header::CONTENT_TYPE, "application/gzip").is_ok());
-        assert!(with(header::CONTENT_ENCODING, "br")
-            .unwrap_err()
-            .contains("not supported"));
-        assert_eq!(
-            with(header::CONTENT_TYPE, "application/zip").unwrap_err(),
-            "this is a zip archive, not a tar"
-        );
-        assert!(with(header::CONTENT_TYPE, "application/x-xz")
-            .unwrap_err()
-            .starts_with("xz is not supported"));
     }
 
     #[test]
