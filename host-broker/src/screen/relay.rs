@@ -30,6 +30,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::rfb::{RfbFilter, RfbViolation, MAX_CUT_TEXT};
 
+/// When, after a viewer's first whole-screen request, the gateway asks the
+/// server for the whole screen again (see [`upstream`]).
+const FULL_REFRESH_AFTER: [Duration; 3] = [
+    Duration::from_millis(300),
+    Duration::from_millis(1000),
+    Duration::from_millis(3000),
+];
+
 /// The bounds of one relay.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayLimits {
@@ -233,8 +241,33 @@ async fn upstream(
 ) -> RelayEnd {
     let mut filter = RfbFilter::new(mode);
     let mut out = Vec::new();
+    // x11vnc can answer the first whole-screen request of a connection with
+    // a black buffer (but for the pointer it draws) and then only send what
+    // changes, so a viewer of a still desktop would stay black. The gateway
+    // asks for the whole screen again a few times after the viewer first
+    // did: a bounded number of extra frames per connection.
+    let mut refresh: Option<([u8; 10], usize)> = None;
+    let refresh_timer = tokio::time::sleep(Duration::ZERO);
+    let mut refresh_timer = pin!(refresh_timer);
     let end = loop {
-        let data = match ws_rx.next().await {
+        let next = tokio::select! {
+            next = ws_rx.next() => next,
+            () = &mut refresh_timer, if refresh.is_some() => {
+                let Some((request, sent)) = refresh.take() else { continue };
+                if filter.at_message_boundary() {
+                    if vnc_wr.write_all(&request).await.is_err() {
+                        break RelayEnd::DesktopGone;
+                    }
+                    stats.to_desktop += request.len() as u64;
+                }
+                if let Some(after) = FULL_REFRESH_AFTER.get(sent + 1) {
+                    refresh = Some((request, sent + 1));
+                    refresh_timer.as_mut().reset(Instant::now() + *after);
+                }
+                continue;
+            }
+        };
+        let data = match next {
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break RelayEnd::Viewer,
             Some(Ok(Message::Binary(data))) => data,
             Some(Ok(Message::Text(_))) => break RelayEnd::TextMessage,
@@ -251,6 +284,12 @@ async fn upstream(
                 break RelayEnd::DesktopGone;
             }
             stats.to_desktop += out.len() as u64;
+        }
+        if let Some(request) = filter.take_first_full_request() {
+            refresh = Some((request, 0));
+            refresh_timer
+                .as_mut()
+                .reset(Instant::now() + FULL_REFRESH_AFTER[0]);
         }
         // Never keep a large buffer alive after one large clipboard message.
         if out.capacity() > 256 * 1024 {

@@ -82,6 +82,16 @@ pub struct RfbFilter {
     /// `4 + 4 * MAX_ENCODINGS`).
     pending: Vec<u8>,
     dropped: u64,
+    /// The viewer's first whole-screen update request.
+    first_full_request: FirstFullRequest,
+}
+
+/// Where the viewer's first non-incremental FramebufferUpdateRequest is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstFullRequest {
+    NotSeen,
+    Forwarded([u8; 10]),
+    HandedOut,
 }
 
 /// Outcome of parsing `pending` as a message header.
@@ -102,7 +112,27 @@ impl RfbFilter {
             stage: Stage::Version,
             pending: Vec::with_capacity(64),
             dropped: 0,
+            first_full_request: FirstFullRequest::NotSeen,
         }
+    }
+
+    /// The viewer's first non-incremental FramebufferUpdateRequest, once it
+    /// has been forwarded; handed out once.
+    pub fn take_first_full_request(&mut self) -> Option<[u8; 10]> {
+        match self.first_full_request {
+            FirstFullRequest::Forwarded(request) => {
+                self.first_full_request = FirstFullRequest::HandedOut;
+                Some(request)
+            }
+            FirstFullRequest::NotSeen | FirstFullRequest::HandedOut => None,
+        }
+    }
+
+    /// Whether the next byte forwarded starts a message, so that a message
+    /// of the gateway's own may go to the server between two of the
+    /// viewer's.
+    pub fn at_message_boundary(&self) -> bool {
+        matches!(self.stage, Stage::Message) && self.pending.is_empty()
     }
 
     /// Input messages dropped so far (view mode).
@@ -196,6 +226,13 @@ impl RfbFilter {
 
     fn pass(&mut self, forward: bool, out: &mut Vec<u8>) {
         if forward {
+            if self.first_full_request == FirstFullRequest::NotSeen {
+                if let Ok(request) = <[u8; 10]>::try_from(self.pending.as_slice()) {
+                    if request[0] == 3 && request[1] == 0 {
+                        self.first_full_request = FirstFullRequest::Forwarded(request);
+                    }
+                }
+            }
             out.extend_from_slice(&self.pending);
         } else {
             self.dropped += 1;
@@ -439,6 +476,27 @@ mod tests {
             f.feed(c, &mut out)?;
         }
         Ok(out)
+    }
+
+    #[test]
+    fn the_first_whole_screen_request_is_handed_out_once_at_a_boundary() {
+        let mut filter = RfbFilter::new(ScreenMode::View);
+        let mut out = Vec::new();
+        let mut input = handshake();
+        input.extend_from_slice(&update_request(true));
+        filter.feed(&input, &mut out).unwrap();
+        assert_eq!(filter.take_first_full_request(), None, "incremental only");
+        let full = update_request(false);
+        filter.feed(&full[..4], &mut out).unwrap();
+        assert!(!filter.at_message_boundary(), "inside a message");
+        filter.feed(&full[4..], &mut out).unwrap();
+        assert!(filter.at_message_boundary());
+        assert_eq!(
+            filter.take_first_full_request().map(|r| r.to_vec()),
+            Some(full.clone())
+        );
+        filter.feed(&full, &mut out).unwrap();
+        assert_eq!(filter.take_first_full_request(), None, "handed out once");
     }
 
     #[test]
