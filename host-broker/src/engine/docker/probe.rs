@@ -19,8 +19,8 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::container_engine::{ContainerSpec, Engine, Hardening, Limits, Ulimit};
-use super::spec::{self, NOFILE, NPROC};
+use super::container_engine::{ContainerSpec, Engine, Hardening, Limits};
+use super::spec;
 use crate::engine::ChangeProbe;
 use crate::paths::Paths;
 
@@ -57,18 +57,7 @@ fn probe_spec(name: &str, image: &str, data_dir: &str) -> ContainerSpec {
             restart_policy: "no".into(),
             // Explicit, as for desktops: Podman's defaults exceed what a
             // container without CAP_SYS_RESOURCE may set.
-            ulimits: vec![
-                Ulimit {
-                    name: "nofile".into(),
-                    soft: NOFILE,
-                    hard: NOFILE,
-                },
-                Ulimit {
-                    name: "nproc".into(),
-                    soft: NPROC,
-                    hard: NPROC,
-                },
-            ],
+            ulimits: spec::ulimits(),
             ..Hardening::default()
         },
         limits: Limits {

@@ -93,23 +93,7 @@ pub fn container_spec(
         },
     ];
     let limits = &config.limits;
-    // Explicit for every engine: they are hardening too, and an engine's
-    // defaults must not decide them (Podman's exceed what a container
-    // without CAP_SYS_RESOURCE may set, so its start fails without these).
-    // Both stay under what engines run with by default, so setting them
-    // never needs a privilege the container lacks.
-    let ulimits = vec![
-        Ulimit {
-            name: "nofile".into(),
-            soft: NOFILE,
-            hard: NOFILE,
-        },
-        Ulimit {
-            name: "nproc".into(),
-            soft: NPROC,
-            hard: NPROC,
-        },
-    ];
+    let ulimits = ulimits();
     ContainerSpec {
         name: container_name(id),
         image: image.id.clone(),
@@ -161,6 +145,27 @@ fn nano_cpus(cpus: f64) -> i64 {
     format!("{:.0}", (cpus * 1e9).round())
         .parse()
         .unwrap_or(i64::MAX)
+}
+
+/// The ulimits of every desktop (and of the event probe), explicit for
+/// every engine: they are hardening too, and an engine's defaults must not
+/// decide them (Podman's exceed what a container without CAP_SYS_RESOURCE
+/// may set, so its start fails without these).
+/// Both stay under what engines run with by default, so setting them
+/// never needs a privilege the container lacks.
+pub fn ulimits() -> Vec<Ulimit> {
+    vec![
+        Ulimit {
+            name: "nofile".into(),
+            soft: NOFILE,
+            hard: NOFILE,
+        },
+        Ulimit {
+            name: "nproc".into(),
+            soft: NPROC,
+            hard: NPROC,
+        },
+    ]
 }
 
 #[cfg(test)]
