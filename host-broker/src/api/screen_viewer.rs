@@ -14,6 +14,7 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::panel::asset;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -26,30 +27,10 @@ use crate::api::HttpError;
 const SCREEN_HTML: &str = include_str!("../api/panel/screen.html");
 const SCREEN_JS: &str = include_str!("../api/panel/screen.js");
 
-/// The panel's policy: only our own script and style, noVNC's `data:`
-/// cursor, WebSockets to this origin.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; \
-     frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
-
 /// Path of the viewer page.
 pub const PAGE_PATH: &str = "/panel/screen.html";
 /// Path of the viewer page's script.
 pub const SCRIPT_PATH: &str = "/panel/screen.js";
-
-fn asset(content_type: &'static str, body: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, content_type),
-            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-            (header::REFERRER_POLICY, "no-referrer"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
-}
 
 /// `GET /panel/screen.html`: the viewer page; the capability is in the
 /// link's fragment, which never reaches a server.
