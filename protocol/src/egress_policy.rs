@@ -263,7 +263,11 @@ pub struct RuleError {
 
 impl RuleError {
     fn new(rule: &str, why: &str) -> Self {
-        let mut shown: String = rule.chars().take(80).flat_map(char::escape_default).collect();
+        let mut shown: String = rule
+            .chars()
+            .take(80)
+            .flat_map(char::escape_default)
+            .collect();
         if rule.chars().count() > 80 {
             shown.push('…');
         }
@@ -310,7 +314,9 @@ impl FromStr for EgressRule {
             });
         }
         if s.parse::<IpAddr>().is_ok() || s.starts_with('[') {
-            return Err(bad("write an address as a CIDR, e.g. 10.1.2.3/32 or ::1/128"));
+            return Err(bad(
+                "write an address as a CIDR, e.g. 10.1.2.3/32 or ::1/128",
+            ));
         }
         let (host, port) = match s.rsplit_once(':') {
             Some((host, port)) => (host, Some(parse_port(port).map_err(|w| bad(w))?)),
@@ -472,8 +478,6 @@ pub enum EgressEnd {
     Fenced,
     /// A read or write failed.
     Error,
-    /// The broker shut down.
-    Shutdown,
 }
 
 /// What the guest asked for: a tunnel, or one plain-HTTP request.
@@ -574,7 +578,10 @@ mod tests {
         assert_eq!(rule("example.com.").to_string(), "example.com");
         assert_eq!(rule("*.example.com").to_string(), "*.example.com");
         assert_eq!(rule("pypi.org:443").port, Some(443));
-        assert_eq!(rule("*.pythonhosted.org:443").to_string(), "*.pythonhosted.org:443");
+        assert_eq!(
+            rule("*.pythonhosted.org:443").to_string(),
+            "*.pythonhosted.org:443"
+        );
         assert_eq!(rule("localhost").to_string(), "localhost");
     }
 
@@ -687,10 +694,27 @@ mod tests {
             Destination::parse("Example.com").unwrap(),
             Destination::Name("example.com".into())
         );
-        assert!(matches!(Destination::parse("[::1]").unwrap(), Destination::Addr(_)));
-        assert!(matches!(Destination::parse("::ffff:127.0.0.1").unwrap(), Destination::Addr(_)));
-        assert!(matches!(Destination::parse("127.0.0.1").unwrap(), Destination::Addr(_)));
-        for bad in ["", "a\u{7}b.com", "a b", "0x7f.1", "127.1", "a\r\nHost: x", "é.com"] {
+        assert!(matches!(
+            Destination::parse("[::1]").unwrap(),
+            Destination::Addr(_)
+        ));
+        assert!(matches!(
+            Destination::parse("::ffff:127.0.0.1").unwrap(),
+            Destination::Addr(_)
+        ));
+        assert!(matches!(
+            Destination::parse("127.0.0.1").unwrap(),
+            Destination::Addr(_)
+        ));
+        for bad in [
+            "",
+            "a\u{7}b.com",
+            "a b",
+            "0x7f.1",
+            "127.1",
+            "a\r\nHost: x",
+            "é.com",
+        ] {
             assert!(Destination::parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -100,10 +100,7 @@ pub fn check_name(
     };
     if let Some(rule) = policy.deny.iter().find(|r| r.matches_host(name, port)) {
         return Err(Refusal::new(
-            format!(
-                "denied: {} matches deny rule {rule}",
-                target(dest, port)
-            ),
+            format!("denied: {} matches deny rule {rule}", target(dest, port)),
             Some(rule),
         ));
     }
@@ -115,6 +112,18 @@ pub fn check_name(
             .cloned(),
         EgressMode::Open | EgressMode::Off => None,
     };
+    // A name no rule can allow is refused before it is resolved, so a
+    // refused name never reaches a resolver.
+    let any_cidr = policy
+        .allow
+        .iter()
+        .any(|r| matches!(r.target, RuleTarget::Cidr(_)));
+    if policy.mode == EgressMode::Allowlist && rule.is_none() && !any_cidr {
+        return Err(Refusal::new(
+            format!("denied: {} not in the allow list", target(dest, port)),
+            None,
+        ));
+    }
     Ok(NamePass { rule })
 }
 
@@ -184,8 +193,7 @@ fn check_addr(
             .allow
             .iter()
             .find(|r| {
-                r.matches_addr(a, port)
-                    && matches!(&r.target, RuleTarget::Cidr(c) if c.is_single())
+                r.matches_addr(a, port) && matches!(&r.target, RuleTarget::Cidr(c) if c.is_single())
             })
             .map(|r| Some(r.to_string()))
             .ok_or(AddrRefusal::HostOwn);
@@ -235,17 +243,19 @@ pub fn check_addresses(
     }
     let t = target(dest, port);
     let Some((addr, why)) = first else {
-        return Err(Refusal::new(format!("failed: {t} resolves to no address"), None));
+        return Err(Refusal::new(
+            format!("failed: {t} resolves to no address"),
+            None,
+        ));
     };
     let name_rule = name.rule.as_ref();
     let mut refusal = match (&why, dest) {
         (AddrRefusal::NotAllowed, _) => {
             Refusal::new(format!("denied: {t} not in the allow list"), None)
         }
-        (AddrRefusal::DenyRule(rule), Destination::Addr(_)) => Refusal::new(
-            format!("denied: {t} matches deny rule {rule}"),
-            Some(rule),
-        ),
+        (AddrRefusal::DenyRule(rule), Destination::Addr(_)) => {
+            Refusal::new(format!("denied: {t} matches deny rule {rule}"), Some(rule))
+        }
         (AddrRefusal::DenyRule(rule), Destination::Name(_)) => Refusal::new(
             format!(
                 "denied: {t} resolves only to denied addresses ({})",

@@ -37,11 +37,17 @@ fn off_refuses_everything_with_the_reason() {
 #[test]
 fn allowlist_names_exact_wildcard_and_port() {
     let v = HostView::default();
-    let p = policy("allowlist", &["example.com", "*.corp.test", "pypi.org:443"], &[]);
+    let p = policy(
+        "allowlist",
+        &["example.com", "*.corp.test", "pypi.org:443"],
+        &[],
+    );
     let ok = decide(&p, "example.com", 80, &[PUBLIC], &v).expect("exact");
     assert_eq!(ok[0].rule.as_deref(), Some("example.com"));
     assert_eq!(
-        decide(&p, "a.corp.test", 8443, &[PUBLIC], &v).expect("wild")[0].rule.as_deref(),
+        decide(&p, "a.corp.test", 8443, &[PUBLIC], &v).expect("wild")[0]
+            .rule
+            .as_deref(),
         Some("*.corp.test")
     );
     assert!(decide(&p, "pypi.org", 443, &[PUBLIC], &v).is_ok());
@@ -50,13 +56,20 @@ fn allowlist_names_exact_wildcard_and_port() {
     let e = decide(&p, "corp.test", 80, &[PUBLIC], &v).expect_err("apex");
     assert_eq!(e.reason, "denied: corp.test:80 not in the allow list");
     let e = decide(&p, "www.example.com", 443, &[PUBLIC], &v).expect_err("sub");
-    assert_eq!(e.reason, "denied: www.example.com:443 not in the allow list");
+    assert_eq!(
+        e.reason,
+        "denied: www.example.com:443 not in the allow list"
+    );
 }
 
 #[test]
 fn allowlist_cidrs_with_and_without_ports() {
     let v = HostView::default();
-    let p = policy("allowlist", &["203.0.113.0/24", "198.51.100.7/32:8080"], &[]);
+    let p = policy(
+        "allowlist",
+        &["203.0.113.0/24", "198.51.100.7/32:8080"],
+        &[],
+    );
     let ok = decide(&p, "any.test", 1234, &[PUBLIC], &v).expect("cidr");
     assert_eq!(ok[0].rule.as_deref(), Some("203.0.113.0/24"));
     assert!(decide(&p, "198.51.100.7", 8080, &["198.51.100.7"], &v).is_ok());
@@ -68,7 +81,11 @@ fn allowlist_cidrs_with_and_without_ports() {
 fn deny_rules_win_over_allow_in_every_mode() {
     let v = HostView::default();
     for mode in ["open", "allowlist"] {
-        let p = policy(mode, &["*.example.com", "203.0.113.0/24"], &["bad.example.com"]);
+        let p = policy(
+            mode,
+            &["*.example.com", "203.0.113.0/24"],
+            &["bad.example.com"],
+        );
         let e = decide(&p, "bad.example.com", 443, &[PUBLIC], &v).expect_err(mode);
         assert_eq!(
             e.reason,
@@ -77,7 +94,11 @@ fn deny_rules_win_over_allow_in_every_mode() {
         assert_eq!(e.rule.as_deref(), Some("bad.example.com"));
         let p = policy(mode, &["*.example.com"], &["203.0.113.0/24:443"]);
         let e = decide(&p, "x.example.com", 443, &[PUBLIC], &v).expect_err(mode);
-        assert!(e.reason.contains("matches deny rule 203.0.113.0/24:443"), "{}", e.reason);
+        assert!(
+            e.reason.contains("matches deny rule 203.0.113.0/24:443"),
+            "{}",
+            e.reason
+        );
         assert_eq!(e.rule.as_deref(), Some("203.0.113.0/24:443"));
         assert!(decide(&p, "x.example.com", 80, &[PUBLIC], &v).is_ok());
     }
@@ -86,8 +107,14 @@ fn deny_rules_win_over_allow_in_every_mode() {
 #[test]
 fn a_denied_address_among_others_is_skipped() {
     let p = policy("open", &[], &[]);
-    let ok = decide(&p, "mixed.test", 80, &["127.0.0.1", PUBLIC], &HostView::default())
-        .expect("public one passes");
+    let ok = decide(
+        &p,
+        "mixed.test",
+        80,
+        &["127.0.0.1", PUBLIC],
+        &HostView::default(),
+    )
+    .expect("public one passes");
     assert_eq!(ok.len(), 1);
     assert_eq!(ok[0].addr, ip(PUBLIC));
 }
@@ -119,7 +146,8 @@ fn every_denied_range_is_denied_in_open_and_for_allowed_names() {
         let p = policy("open", &[], &[]);
         let e = decide(&p, "rebind.test", 80, &[addr], &v).expect_err(addr);
         assert!(
-            e.reason.starts_with("denied: rebind.test:80 resolves only to denied addresses ("),
+            e.reason
+                .starts_with("denied: rebind.test:80 resolves only to denied addresses ("),
             "{addr}: {}",
             e.reason
         );
@@ -145,7 +173,12 @@ fn an_explicit_cidr_inside_a_denied_range_allows_it() {
     // A wide rule does not lift a range it is wider than.
     let p = policy("allowlist", &["0.0.0.0/0", "169.254.0.0/16"], &[]);
     let e = decide(&p, "meta.test", 80, &["169.254.169.254"], &v).expect_err("metadata");
-    assert!(e.reason.contains("169.254.169.254 is link-local (cloud metadata)"), "{}", e.reason);
+    assert!(
+        e.reason
+            .contains("169.254.169.254 is link-local (cloud metadata)"),
+        "{}",
+        e.reason
+    );
     assert!(decide(&p, "ll.test", 80, &["169.254.1.1"], &v).is_ok());
     assert!(decide(&p, "lo.test", 80, &["127.0.0.1"], &v).is_err());
     // Open mode honours the explicit rule too.
@@ -160,7 +193,11 @@ fn the_hosts_own_addresses_need_a_single_address_rule() {
     v.own.insert(ip(PUBLIC));
     let p = policy("open", &["203.0.113.0/24"], &[]);
     let e = decide(&p, "me.test", 80, &[PUBLIC], &v).expect_err("own");
-    assert!(e.reason.contains("is an address of this host"), "{}", e.reason);
+    assert!(
+        e.reason.contains("is an address of this host"),
+        "{}",
+        e.reason
+    );
     let p = policy("open", &["203.0.113.10/32"], &[]);
     assert!(decide(&p, "me.test", 80, &[PUBLIC], &v).is_ok());
 }
@@ -169,11 +206,21 @@ fn the_hosts_own_addresses_need_a_single_address_rule() {
 fn the_brokers_own_api_is_never_reachable() {
     let v = HostView {
         own: [ip("192.0.2.55")].into(),
-        protected: vec!["127.0.0.1:7070".parse().expect("sock"), "[::]:9000".parse().expect("sock")],
+        protected: vec![
+            "127.0.0.1:7070".parse().expect("sock"),
+            "[::]:9000".parse().expect("sock"),
+        ],
     };
-    let p = policy("allowlist", &["127.0.0.0/8", "::1/128", "192.0.2.55/32"], &[]);
+    let p = policy(
+        "allowlist",
+        &["127.0.0.0/8", "::1/128", "192.0.2.55/32"],
+        &[],
+    );
     let e = decide(&p, "127.0.0.1", 7070, &["127.0.0.1"], &v).expect_err("api");
-    assert_eq!(e.reason, "denied: 127.0.0.1:7070: 127.0.0.1 is the broker's own API");
+    assert_eq!(
+        e.reason,
+        "denied: 127.0.0.1:7070: 127.0.0.1 is the broker's own API"
+    );
     assert!(decide(&p, "127.0.0.1", 7071, &["127.0.0.1"], &v).is_ok());
     assert!(decide(&p, "x.test", 9000, &["::1"], &v).is_err());
     assert!(decide(&p, "x.test", 9000, &["127.0.0.5"], &v).is_err());

@@ -20,3 +20,8 @@ pub mod limits;
 pub mod ranges;
 pub mod relay;
 pub mod resolve;
+pub mod service;
+
+pub use limits::Caps;
+pub use relay::{GuestStream, Open, Verdict};
+pub use service::{run_pool, Desk, Egress, Hooks, Parker};

@@ -33,7 +33,9 @@ const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8, what: &'static str) -> Denie
 const fn v6(s: [u16; 8], prefix: u8, what: &'static str) -> DeniedRange {
     DeniedRange {
         cidr: Cidr {
-            addr: IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])),
+            addr: IpAddr::V6(Ipv6Addr::new(
+                s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+            )),
             prefix,
         },
         what,
