@@ -6,6 +6,7 @@
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
+use dormouse_protocol::egress_policy::EgressPolicy;
 use dormouse_protocol::screen::ScreenMode;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -76,6 +77,10 @@ pub enum Command {
     ImportSlot(CreateComputer, Reply<WorkspaceGrant>),
     /// Give the lease back (fenced).
     ReleaseLease(Uuid, Fence, Reply<()>),
+    /// A computer's egress policy; with a policy, replace it (fenced) first.
+    Egress(Uuid, Option<EgressPolicy>, Fence, Reply<EgressPolicy>),
+    /// Egress bytes moved for a computer: activity for its idle timer.
+    EgressActivity(Uuid, Reply<()>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -84,6 +89,7 @@ pub struct BrokerHandle {
     tx: mpsc::Sender<Command>,
     events: broadcast::Sender<BrokerEvent>,
     screens: ScreenRegistry,
+    egress: dormouse_egress::Policies,
 }
 
 impl BrokerHandle {
@@ -93,7 +99,34 @@ impl BrokerHandle {
             tx,
             events,
             screens: ScreenRegistry::new(),
+            egress: dormouse_egress::Policies::default(),
         }
+    }
+
+    /// The same handle over the owner's live egress policies.
+    pub fn with_egress(mut self, egress: dormouse_egress::Policies) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// Every desktop's live egress policy (the owner sets them).
+    pub fn egress_policies(&self) -> &dormouse_egress::Policies {
+        &self.egress
+    }
+
+    /// See [`Command::Egress`]: the policy, after replacing it with `set`.
+    pub async fn egress(
+        &self,
+        id: Uuid,
+        set: Option<EgressPolicy>,
+        fence: Fence,
+    ) -> Result<EgressPolicy, BrokerError> {
+        self.ask(|r| Command::Egress(id, set, fence, r)).await
+    }
+
+    /// See [`Command::EgressActivity`].
+    pub async fn egress_activity(&self, id: Uuid) -> Result<(), BrokerError> {
+        self.ask(|r| Command::EgressActivity(id, r)).await
     }
 
     /// The same handle over the owner's screen registry.
@@ -275,6 +308,11 @@ pub enum Purpose {
     /// The quiesce an export of a running desktop holds: the computer
     /// exists (the workspace grant decided the rest). Not activity.
     ExportQuiesce,
+    /// The egress connections of a ready desktop: running and ready, never
+    /// fenced by a lease (the desktop's own traffic), revoked when the
+    /// generation changes or the computer goes. Not activity (bytes are,
+    /// [`Command::EgressActivity`]).
+    Egress,
 }
 
 impl Purpose {

@@ -67,6 +67,9 @@ pub struct BrokerConfig {
     /// The size and inode limit each workspace gets where the data
     /// directory's filesystem enforces project quotas.
     pub workspace_quota: crate::quota::WorkspaceQuota,
+    /// The egress mode of a desktop created without a policy (and of a
+    /// record older than egress): `dormoused --egress-default`.
+    pub egress_default: dormouse_protocol::egress_policy::EgressMode,
 }
 
 /// Limits of the workspace routes.
@@ -108,6 +111,7 @@ impl BrokerConfig {
             container_labels: BTreeMap::new(),
             workspace: WorkspaceLimits::default(),
             workspace_quota: crate::quota::WorkspaceQuota::default(),
+            egress_default: dormouse_protocol::egress_policy::EgressMode::Off,
         }
     }
 }

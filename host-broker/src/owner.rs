@@ -22,6 +22,7 @@
 mod admission;
 mod commands;
 mod computer;
+mod egress;
 mod follow;
 mod ops;
 mod quota;
@@ -167,6 +168,7 @@ pub async fn spawn_backend(
     let (events, _) = broadcast::channel(EVENT_QUEUE);
     let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE);
     let screens = crate::screen::ScreenRegistry::new();
+    let egress = dormouse_egress::Policies::default();
     let mut owner = Owner {
         ctx,
         store,
@@ -189,15 +191,19 @@ pub async fn spawn_backend(
         last_change: HashMap::new(),
         next_resync: Instant::now() + resync_interval,
         resyncing: HashMap::new(),
+        egress: egress.clone(),
     };
     owner.start_up(records).await;
+    owner.publish_egress_all();
     owner.watch_backend();
     if owner.config().probe_changes {
         owner.probe_changes();
     }
     let task = tokio::spawn(owner.run(command_rx, internal_rx));
     Ok((
-        BrokerHandle::new(command_tx, events).with_screens(screens),
+        BrokerHandle::new(command_tx, events)
+            .with_screens(screens)
+            .with_egress(egress),
         task,
     ))
 }
@@ -241,6 +247,8 @@ struct Owner {
     next_resync: Instant,
     /// Computers a resync asked about: what was believed, and since when.
     resyncing: HashMap<Uuid, (ContainerState, Instant)>,
+    /// Every computer's live egress policy ([`egress`]).
+    egress: dormouse_egress::Policies,
 }
 
 impl std::fmt::Debug for Owner {

@@ -137,6 +137,9 @@ pub struct CreateComputer {
     pub owner: Option<String>,
     /// Re-adopt the workspace a removed computer left behind.
     pub workspace_from: Option<Uuid>,
+    /// The desktop's egress policy; the broker's default (`--egress-default`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress_policy::EgressPolicy>,
 }
 
 /// `PATCH /v1/computers/{id}`.

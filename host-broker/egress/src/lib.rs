@@ -17,11 +17,13 @@
 pub mod audit;
 pub mod decide;
 pub mod limits;
+pub mod policies;
 pub mod ranges;
 pub mod relay;
 pub mod resolve;
 pub mod service;
 
 pub use limits::Caps;
+pub use policies::Policies;
 pub use relay::{GuestStream, Open, Verdict};
 pub use service::{run_pool, Desk, Egress, Hooks, Parker};

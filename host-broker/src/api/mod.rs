@@ -16,6 +16,7 @@ mod actions;
 pub mod auth;
 pub mod body;
 mod computers;
+mod egress;
 pub mod error;
 mod events;
 pub mod extract;
@@ -71,6 +72,8 @@ pub struct ApiState {
     pub screens: crate::screen::ScreenGateway,
     /// Where the panel's noVNC library is served from.
     pub novnc: crate::api::screen_viewer::NovncDir,
+    /// The egress service, for its audit (none: the log reads empty).
+    pub egress: Option<Arc<dormouse_egress::Egress>>,
 }
 
 impl ApiState {
@@ -84,6 +87,7 @@ impl ApiState {
             token,
             shutdown: CancellationToken::new(),
             engine: None,
+            egress: None,
         }
     }
 }
@@ -172,6 +176,9 @@ impl Routes {
             .add(Token, Method::GET, "/v1/computers", computers::list)
             .add(Token, Method::GET, "/v1/computers/{id}", computers::get)
             .add(Token, Method::PATCH, "/v1/computers/{id}", computers::patch)
+            .add(Token, Method::GET, "/v1/computers/{id}/egress", egress::get)
+            .add(Token, Method::PUT, "/v1/computers/{id}/egress", egress::put)
+            .add(Token, Method::GET, "/v1/computers/{id}/egress/log", egress::log)
             .add(
                 Token,
                 Method::DELETE,

@@ -106,6 +106,14 @@ impl Owner {
                     check_fence(&self.metrics, c, fence)?;
                 }
             }
+            Purpose::Egress => {
+                let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                if !c.engine.is_up() || !c.is_ready() {
+                    return Err(BrokerError::WrongState(
+                        "the desktop is not running and ready".into(),
+                    ));
+                }
+            }
             Purpose::ScreenConnection | Purpose::ExportQuiesce => {
                 self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
             }

@@ -74,6 +74,8 @@ impl Owner {
             Command::ReleaseLease(id, fence, reply) => {
                 self.release_lease((id, fence, ()), reply).send()
             }
+            Command::Egress(id, set, fence, reply) => self.egress((id, fence, set), reply).send(),
+            Command::EgressActivity(id, reply) => self.egress_activity(id, reply).send(),
         }
     }
 
@@ -253,9 +255,11 @@ impl Owner {
             created_at: Utc::now(),
             spec,
             workspace_from: request.workspace_from,
+            egress: Some(self.create_egress(request)?),
         };
         create::prepare_dirs(&paths, id, request.workspace_from.is_some())?;
         self.store.save(&record)?;
+        self.publish_egress(&record);
         if let Some(from) = request.workspace_from {
             if let Err(e) = create::adopt(&paths, id, from) {
                 // Nothing moved: take the record back so no computer names a

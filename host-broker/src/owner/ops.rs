@@ -450,6 +450,7 @@ impl Owner {
         self.witnesses.remove(&id);
         self.last_change.remove(&id);
         self.resyncing.remove(&id);
+        self.egress.remove(id);
         stop_follower(&mut c);
         for t in c.takeovers.drain(..) {
             let _ = t.reply.send(Err(BrokerError::NotFound(id)));

@@ -52,6 +52,10 @@ pub struct ComputerRecord {
     /// workspace that no record names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_from: Option<Uuid>,
+    /// The desktop's egress policy; a record written before egress existed
+    /// has none and reads as the broker's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<dormouse_protocol::egress_policy::EgressPolicy>,
 }
 
 impl ComputerRecord {
