@@ -145,6 +145,11 @@ impl BrokerHandle {
         self.ask(|r| Command::ReleaseLease(id, fence, r)).await
     }
 
+    /// Sends `event` to every `/v1/events` subscriber (egress decisions).
+    pub fn publish(&self, event: BrokerEvent) {
+        let _ = self.events.send(event);
+    }
+
     /// Every status change of every computer, from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<BrokerEvent> {
         self.events.subscribe()

@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dormouse_protocol::egress_policy::EgressDecision;
+
 /// Upper bounds (ms) of the resume-latency histogram buckets.
 pub const RESUME_BUCKETS_MS: &[u64] = &[250, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000, 30000];
 
@@ -17,6 +19,8 @@ pub struct Metrics {
     divergences: AtomicU64,
     /// 1 when the start-up probe saw the engine's events arrive, else 0.
     events_verified: AtomicU64,
+    /// Egress connections by decision: allowed, refused, failed.
+    egress: [AtomicU64; 3],
 }
 
 impl Metrics {
@@ -51,6 +55,11 @@ impl Metrics {
     /// Divergences counted so far.
     pub fn divergences(&self) -> u64 {
         self.divergences.load(Ordering::Relaxed)
+    }
+
+    /// Counts one egress connection by its decision.
+    pub fn egress_decision(&self, decision: EgressDecision) {
+        self.egress[egress_index(decision)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records whether the start-up probe saw the engine's events arrive.
@@ -119,7 +128,25 @@ impl Metrics {
             "dormouse_engine_events_verified {}",
             self.events_verified.load(Ordering::Relaxed)
         );
+        let _ = writeln!(out, "# HELP dormouse_egress_connections_total Egress connections of desktops by decision.");
+        let _ = writeln!(out, "# TYPE dormouse_egress_connections_total counter");
+        for d in [EgressDecision::Allowed, EgressDecision::Refused, EgressDecision::Failed] {
+            let _ = writeln!(
+                out,
+                "dormouse_egress_connections_total{{decision=\"{}\"}} {}",
+                d.as_str(),
+                self.egress[egress_index(d)].load(Ordering::Relaxed)
+            );
+        }
         out
+    }
+}
+
+fn egress_index(d: EgressDecision) -> usize {
+    match d {
+        EgressDecision::Allowed => 0,
+        EgressDecision::Refused => 1,
+        EgressDecision::Failed => 2,
     }
 }
 
@@ -138,6 +165,10 @@ mod tests {
         assert!(text.contains("dormouse_resume_seconds_bucket{le=\"1.5\"} 2"));
         assert!(text.contains("dormouse_resume_seconds_count 2"));
         assert!(text.contains("dormouse_desktops{state=\"running\"} 1"));
+        m.egress_decision(EgressDecision::Refused);
+        let text = m.render(&[]);
+        assert!(text.contains("dormouse_egress_connections_total{decision=\"refused\"} 1"));
+        assert!(text.contains("dormouse_egress_connections_total{decision=\"allowed\"} 0"));
     }
 
     #[test]

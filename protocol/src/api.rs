@@ -125,6 +125,12 @@ pub enum BrokerEvent {
         /// Its id.
         id: Uuid,
     },
+    /// An egress connection was decided (at most ten a second per desktop;
+    /// the audit log has every one).
+    Egress {
+        /// What was decided, as the audit records it (bytes and end not yet known).
+        entry: Box<crate::egress_policy::EgressLogEntry>,
+    },
 }
 
 /// `POST /v1/computers`.

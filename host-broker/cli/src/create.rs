@@ -24,6 +24,7 @@ pub(crate) async fn run(
         name,
         owner,
         workspace_from: None,
+        egress: None,
     };
     let mut events = match wait {
         Some(_) => Some(client.events().await?),

@@ -37,6 +37,7 @@ use dormouse_protocol::api::{
     ApiError as ApiErrorBody, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, Orphan,
     PatchComputer, GENERATION_HEADER,
 };
+use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
@@ -245,6 +246,27 @@ impl Client {
     /// `POST /v1/computers/{id}/touch`: renew its idle timer (fenced).
     pub async fn touch(&self, id: Uuid) -> Result<ComputerStatus, Error> {
         self.call(Method::POST, &computer(id, "/touch"), NO_BODY)
+            .await
+    }
+
+    /// `GET /v1/computers/{id}/egress`: its egress policy.
+    pub async fn egress(&self, id: Uuid) -> Result<EgressPolicy, Error> {
+        self.call(Method::GET, &computer(id, "/egress"), NO_BODY)
+            .await
+    }
+
+    /// `PUT /v1/computers/{id}/egress`: replace its egress policy (fenced);
+    /// open connections the new one denies are closed within a second.
+    pub async fn set_egress(&self, id: Uuid, policy: &EgressPolicy) -> Result<EgressPolicy, Error> {
+        self.call(Method::PUT, &computer(id, "/egress"), Some(policy))
+            .await
+    }
+
+    /// `GET /v1/computers/{id}/egress/log?since=SEQ`: audit entries after
+    /// `since` (all kept ones when `None`), oldest first, one page.
+    pub async fn egress_log(&self, id: Uuid, since: Option<u64>) -> Result<EgressLogPage, Error> {
+        let query = since.map_or(String::new(), |s| format!("?since={s}"));
+        self.call(Method::GET, &computer(id, &format!("/egress/log{query}")), NO_BODY)
             .await
     }
 

@@ -129,7 +129,8 @@ impl Owner {
             .ok_or(BrokerError::NotFound(id))?
             .record
             .generation;
-        let revoked = if purpose.fenced() {
+        // Egress is revoked by a generation change too, though no lease fences it.
+        let revoked = if purpose.fenced() || purpose == Purpose::Egress {
             self.revocations.fenced(id, generation)
         } else {
             self.revocations.unfenced(id)
