@@ -205,6 +205,13 @@ crate::guest_protocol! {
         /// The X `CLIPBOARD` selection's text, as UTF-8, at most
         /// [`MAX_CLIPBOARD_BYTES`].
         "clipboard_get" => ClipboardGet -> ClipboardText, answer clipboard_get;
+        /// Park this connection for the desktop's egress proxy
+        /// ([`crate::egress`]): when a guest program's request through the
+        /// proxy has been read and validated, the oldest parked connection
+        /// gets its `egress_open`; the broker answers one
+        /// [`crate::egress::EgressVerdict`] frame, and after
+        /// `egress_connected` the connection is a raw byte pipe both ways.
+        "egress_accept" => EgressAccept -> crate::egress::EgressOpen, session egress_accept;
     }
     responses {
         /// Answer to [`Request::Hello`].
@@ -243,6 +250,9 @@ crate::guest_protocol! {
             /// Whether the text was longer than [`MAX_CLIPBOARD_BYTES`].
             truncated: bool,
         } as ClipboardText, payload;
+        /// Answer to [`Request::EgressAccept`]: what a guest program asked
+        /// for; the payload is written upstream first.
+        "egress_open" => EgressOpen(crate::egress::EgressOpen), payload;
     }
 }
 
@@ -266,7 +276,8 @@ mod tests {
                 "exec",
                 "pty_open",
                 "actions",
-                "clipboard_get"
+                "clipboard_get",
+                "egress_accept"
             ]
         );
         assert_eq!(
@@ -281,6 +292,7 @@ mod tests {
                 "pty_opened",
                 "action_results",
                 "clipboard",
+                "egress_open",
                 "error"
             ]
         );
@@ -316,6 +328,11 @@ mod tests {
         assert_eq!(<call::Watch as Call>::MODE, Mode::Stream);
         assert_eq!(<call::QuiesceHold as Call>::MODE, Mode::Held);
         assert_eq!(<call::PtyOpen as Call>::MODE, Mode::Session);
+        assert_eq!(<call::EgressAccept as Call>::MODE, Mode::Session);
+        assert_eq!(
+            <<call::EgressAccept as Call>::Answer as Answer>::KIND,
+            "egress_open"
+        );
         assert_eq!(Request::Quiesce { timeout_ms: 1 }.mode(), Mode::Answer);
         assert_eq!(
             <<call::Screenshot as Call>::Answer as Answer>::KIND,
@@ -401,6 +418,15 @@ mod tests {
             _: call::ClipboardGet,
         ) -> Result<Reply<ClipboardText>, Refusal> {
             Err(Refusal::new("nope", "no clipboard"))
+        }
+        async fn egress_accept(
+            &self,
+            _: call::EgressAccept,
+            _: Vec<u8>,
+            conn: &mut Vec<String>,
+        ) -> After {
+            conn.push("egress".into());
+            After::Close
         }
     }
 

@@ -11,6 +11,7 @@
 pub mod actions;
 pub mod api;
 pub mod declare;
+pub mod egress;
 pub mod egress_policy;
 pub mod exec;
 pub mod frame;

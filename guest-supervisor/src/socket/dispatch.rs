@@ -180,6 +180,14 @@ impl GuestService for Service {
             Err(e) => Err(Refusal::new("clipboard_failed", e.to_string())),
         }
     }
+
+    // The connection is parked for the egress proxy, then relays one
+    // client's bytes; it never serves another request.
+    async fn egress_accept(&self, _: call::EgressAccept, _: Vec<u8>, conn: &mut Conn) -> After {
+        let reply = Response::error("egress_unavailable", "the egress proxy is not running");
+        let _ = write_response(&mut conn.wr, &reply, &[], conn.io).await;
+        After::Close
+    }
 }
 
 /// One batch at a time on the display: two clients' actions never

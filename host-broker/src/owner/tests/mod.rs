@@ -160,6 +160,9 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                 Request::Exec(_) | Request::PtyOpen(_) => {
                     (Response::error("exec_failed", "scripted"), vec![])
                 }
+                Request::EgressAccept => {
+                    (Response::error("egress_unavailable", "scripted"), vec![])
+                }
                 Request::Quiesce { .. } => (
                     Response::Quiesced(Quiesced {
                         closed: vec!["browser".into()],
