@@ -33,6 +33,7 @@ use nix::sys::stat::{Mode, SFlag};
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
+pub mod egress;
 pub mod exec;
 
 /// Deadline for connecting to the socket.

@@ -15,6 +15,7 @@ pub mod api;
 pub mod command;
 pub mod config;
 pub mod daemon;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod guest;

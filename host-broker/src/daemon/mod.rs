@@ -156,6 +156,13 @@ pub struct DaemonArgs {
     /// panel shows still screenshots.
     #[arg(long, value_name = "DIR", default_value = crate::api::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
+    /// The egress mode of a desktop created without a policy: off, allowlist or open.
+    #[arg(long, value_name = "MODE", default_value = "off")]
+    pub egress_default: dormouse_protocol::egress_policy::EgressMode,
+    /// Names egress resolves to fixed addresses before asking the resolver
+    /// (/etc/hosts syntax), for split-horizon names.
+    #[arg(long, value_name = "FILE")]
+    pub egress_hosts: Option<PathBuf>,
 }
 
 impl DaemonArgs {
@@ -198,6 +205,7 @@ impl DaemonArgs {
         config.workspace.import.max_total_bytes = self.import_max_bytes;
         config.workspace.import.max_entries = self.import_max_entries;
         config.workspace.files.max_write_bytes = self.file_max_bytes;
+        config.egress_default = self.egress_default;
         config.workspace_quota = crate::quota::WorkspaceQuota {
             bytes: self.workspace_max_bytes,
             inodes: self.workspace_max_inodes,
@@ -236,6 +244,9 @@ pub enum DaemonError {
     /// The container engine client could not be set up.
     #[error("container engine: {0}")]
     Engine(String),
+    /// The egress hosts file.
+    #[error("egress: {0}")]
+    Egress(String),
     /// The broker core did not start.
     #[error("broker core: {0}")]
     Core(String),
@@ -296,6 +307,15 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
         "dormoused starting; reconciling with the engine"
     );
 
+    let hosts = match &args.egress_hosts {
+        Some(path) => dormouse_egress::resolve::HostsFile::load(path)
+            .map_err(|e| DaemonError::Egress(format!("{}: {e}", path.display())))?,
+        None => dormouse_egress::resolve::HostsFile::default(),
+    };
+    let protected: Vec<std::net::SocketAddr> = match &listener {
+        ApiListener::Tcp(l) => l.local_addr().into_iter().collect(),
+        ApiListener::Unix(..) => Vec::new(),
+    };
     let metrics = Arc::new(Metrics::default());
     let (broker, mut core, engine) = spawn_core(
         args.broker_config(data_dir.clone()),
@@ -309,6 +329,18 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     let mut state = ApiState::new(broker, metrics, token.clone());
     state.shutdown = shutdown.clone();
     state.engine = engine;
+    let egress = Arc::new(dormouse_egress::Egress::new(
+        dormouse_egress::resolve::Resolver::new(hosts),
+        dormouse_egress::Caps::default(),
+        Some(data_dir.join("egress")),
+        protected,
+        Arc::new(crate::egress::BrokerHooks::new(
+            state.broker.clone(),
+            state.metrics.clone(),
+        )),
+    ));
+    state.egress = Some(egress.clone());
+    let egress_task = crate::egress::spawn(state.broker.clone(), egress, shutdown.clone());
     screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
@@ -353,6 +385,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     tracing::info!("dormoused stopping; desktops keep running");
     systemd::stopping();
     shutdown.cancel();
+    egress_task.abort();
     if !server_done
         && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
             .await
