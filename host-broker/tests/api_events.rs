@@ -73,6 +73,7 @@ fn status_of(event: &BrokerEvent) -> (Uuid, bool) {
     match event {
         BrokerEvent::Status { computer } => (computer.id, computer.ready),
         BrokerEvent::Removed { id } => panic!("expected a status, got removed {id}"),
+        BrokerEvent::Egress { entry } => panic!("expected a status, got egress {entry:?}"),
     }
 }
 
@@ -148,6 +149,7 @@ async fn a_lagging_client_gets_a_fresh_snapshot() {
                 assert_eq!(computer.id, kept);
                 statuses += 1;
             }
+            BrokerEvent::Egress { entry } => panic!("no egress here: {entry:?}"),
         }
         if removed && statuses >= 1 {
             break;

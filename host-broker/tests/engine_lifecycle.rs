@@ -79,6 +79,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
         created_at: chrono::Utc::now(),
         spec: BackendSpec::Docker(spec.clone()),
         workspace_from: None,
+        egress: None,
     };
 
     let image = engine.image(&image_id).await.unwrap().unwrap();
@@ -236,6 +237,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
         created_at: chrono::Utc::now(),
         spec: BackendSpec::Docker(spec.clone()),
         workspace_from: None,
+        egress: None,
     };
     let info = engine.inspect(&spec.name).await.unwrap().unwrap();
     let refusal = resume::check(record.origin(), Some(&info), Some(true)).unwrap_err();
@@ -339,6 +341,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
             created_at: chrono::Utc::now(),
             spec: BackendSpec::Docker(spec.clone()),
             workspace_from: None,
+            egress: None,
         };
         let info = engine.inspect(&spec.name).await.unwrap().unwrap();
         let verdict = resume::check(record.origin(), Some(&info), Some(true));

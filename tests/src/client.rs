@@ -227,6 +227,14 @@ pub fn summarize(event: &BrokerEvent) -> String {
             c.resumable_problem.as_deref().unwrap_or("")
         ),
         BrokerEvent::Removed { id } => format!("removed {id}"),
+        BrokerEvent::Egress { entry } => format!(
+            "egress {} {}:{} {} {}",
+            entry.computer,
+            entry.host,
+            entry.port,
+            entry.decision.as_str(),
+            entry.reason.as_deref().unwrap_or("")
+        ),
     }
 }
 

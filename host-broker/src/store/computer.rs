@@ -198,6 +198,7 @@ pub(crate) mod tests {
             idle_timeout_ms: None,
             created_at: Utc::now(),
             workspace_from: None,
+            egress: None,
             spec: BackendSpec::Docker(ContainerSpec {
                 name: format!("dormouse-{id}"),
                 image: "sha256:abc".into(),

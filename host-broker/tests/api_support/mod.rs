@@ -55,6 +55,8 @@ pub struct Script {
     /// When set, a started desktop stops after `boot_time` with this problem
     /// instead of becoming ready.
     pub fail_boot: Option<String>,
+    /// Egress policies set through the API.
+    pub egress: BTreeMap<Uuid, dormouse_protocol::egress_policy::EgressPolicy>,
 }
 
 /// A router over a scripted core.
@@ -368,6 +370,15 @@ async fn owner(
             Command::Import(_, _, _, reply) => {
                 let _ = reply.send(Err(BrokerError::Internal("not scripted".into())));
             }
+            Command::Egress(id, set, fence, reply) => answer!(reply, "egress", id, {
+                let c = s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                if let Some(policy) = set {
+                    check_fence(c, fence)?;
+                    s.egress.insert(id, policy);
+                }
+                Ok(s.egress.get(&id).cloned().unwrap_or_default())
+            }),
+            Command::EgressActivity(id, reply) => answer!(reply, "egress_activity", id, Ok(())),
             Command::ReleaseLease(id, _fence, reply) => answer!(reply, "release_lease", id, {
                 s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
                 Ok(())

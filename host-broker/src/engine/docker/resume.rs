@@ -243,6 +243,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             spec: BackendSpec::Docker(spec),
             workspace_from: None,
+            egress: None,
         };
         (record, info)
     }
