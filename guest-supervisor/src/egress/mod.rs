@@ -142,7 +142,7 @@ async fn accept_loop(listener: TcpListener, hub: Hub, slots: Arc<Semaphore>) {
 fn refuse_busy(client: &TcpStream) {
     let reason = "egress unavailable: too many connections are open already";
     // A fresh socket's send buffer is empty: this writes all or nothing.
-    let _ = client.try_write(&reply::answer(503, &reason, false));
+    let _ = client.try_write(&reply::answer(503, reason, false));
 }
 
 /// One client: its head, then the hand-off to a parked broker connection
