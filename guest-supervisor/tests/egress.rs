@@ -299,6 +299,52 @@ async fn curl_in_the_desktop_reaches_a_host_site_through_the_parked_connection()
     .await;
     assert_eq!(code, 0, "{err}");
     assert_proxy_env(&environ, "the openbox service");
+
+    // Chromium through its managed policy alone (no variable, no flag
+    // naming the proxy). Last: it may open more connections than the one
+    // page (the leftovers stay parked until the container goes).
+    let mut parked = Vec::new();
+    for _ in 0..8 {
+        parked.push(broker(&desktop, Play::Connect(site.port)).await);
+    }
+    let url = format!("http://testsite.invalid:{port}/chromium");
+    let (code, out, err) = exec_in(
+        &desktop,
+        &[
+            "env",
+            "-u",
+            "http_proxy",
+            "-u",
+            "HTTP_PROXY",
+            "-u",
+            "https_proxy",
+            "-u",
+            "HTTPS_PROXY",
+            "timeout",
+            "60",
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--user-data-dir=/tmp/egress-chromium",
+            "--dump-dom",
+            &url,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "chromium: {err}");
+    assert!(
+        out.contains("egress witness page for /chromium"),
+        "{out}\n{err}"
+    );
+    assert!(
+        site.seen()
+            .iter()
+            .any(|h| h.starts_with("GET /chromium HTTP/1.1\r\n")),
+        "{:?}",
+        site.seen()
+    );
+    drop(parked);
 }
 
 fn assert_proxy_env(env: &str, whose: &str) {
