@@ -9,6 +9,7 @@ pub mod activity;
 pub mod bridge;
 pub mod config;
 pub mod config_file;
+pub mod egress;
 pub mod exec;
 pub mod exec_socket;
 pub mod identity;

@@ -2,8 +2,8 @@
 //! an agent can use the desktop now.
 //!
 //! Owns the health checks (`x_display`, `window_manager`, `vnc`, `screenshot`,
-//! `browser_profiles`, `workspace`, `identity`, and `services` when the
-//! service table is known) and the loop that re-probes whenever the service
+//! `browser_profiles`, `workspace`, `identity`, `services` when the
+//! service table is known, and `egress_proxy` where the proxy runs) and the loop that re-probes whenever the service
 //! set changes. It only *reports*: it writes the report into the
 //! [`StatusCell`] (which alone derives `ready`), and it never restarts,
 //! signals or repairs anything it finds broken — that is the service
@@ -43,6 +43,8 @@ pub mod checks {
     pub const IDENTITY: &str = "identity";
     /// Every supervised service runs (only when the table is known).
     pub const SERVICES: &str = "services";
+    /// The egress proxy serves its loopback port (only where it runs).
+    pub const EGRESS_PROXY: &str = crate::egress::CHECK_NAME;
 }
 
 /// Service names the service runner may give the window manager.
@@ -97,6 +99,7 @@ pub async fn probe_with(
     if !services.is_empty() {
         all.push(services_check(services));
     }
+    all.extend(crate::egress::health_check());
     HealthReport::from_checks(all, Utc::now())
 }
 

@@ -75,10 +75,11 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     // preparation failed) rather than silence.
     let (quiesce_tx, mut quiesce_rx) = mpsc::channel::<QuiesceRequest>(4);
     let exec = crate::exec::ExecRunner::new(crate::exec::ExecSettings::from_config(&config));
+    let egress = crate::egress::Hub::new();
     let socket_task = tokio::spawn({
-        let (config, cell) = (config.clone(), cell.clone());
+        let (config, cell, egress) = (config.clone(), cell.clone(), egress.clone());
         async move {
-            if let Err(e) = socket::serve(config, cell, quiesce_tx, exec).await {
+            if let Err(e) = socket::serve(config, cell, quiesce_tx, exec, egress).await {
                 tracing::error!(error = %e, "guest socket failed");
             }
         }
@@ -109,6 +110,8 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     };
     cell.set_prepared();
 
+    // Before the services, so no desktop program can take its port first.
+    let egress_task = tokio::spawn(crate::egress::serve(egress));
     let mut services = Services::start(config.clone(), cell.clone(), prepare_problem, started);
     let probe_task = tokio::spawn(probe::run_probe_loop(config.clone(), cell.clone()));
     let vnc_task = tokio::spawn({
@@ -156,6 +159,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     cell.set_stopping();
     probe_task.abort();
     vnc_task.abort();
+    egress_task.abort();
     let budget = Duration::from_millis(config.stop_timeout_ms);
     // Browsers get most of the budget: flushing a profile is what matters.
     let browser_grace = budget.mul_f64(0.6);

@@ -70,7 +70,10 @@ async fn accept_loop(listener: &UnixListener, port: u16) {
         listener,
         MAX_VNC_CONNECTIONS,
         "vnc socket",
-        move |stream| splice(stream, port),
+        move |stream, slot| async move {
+            splice(stream, port).await;
+            drop(slot);
+        },
         |_| {},
     )
     .await;

@@ -53,7 +53,17 @@ fn start() -> Guest {
     let exec = runner(&ws);
     let server = tokio::spawn({
         let config = Arc::clone(&config);
-        async move { socket::accept_loop(&bound.listener, config, cell, tx, exec).await }
+        async move {
+            socket::accept_loop(
+                &bound.listener,
+                config,
+                cell,
+                tx,
+                exec,
+                dormouse_supervisor::egress::Hub::new(),
+            )
+            .await
+        }
     });
     Guest {
         _dir: dir,

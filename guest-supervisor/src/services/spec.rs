@@ -166,6 +166,12 @@ pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
             .iter()
             .map(|k| ((*k).to_owned(), "1".to_owned())),
     );
+    // No network interface: the web is the egress proxy on the loopback.
+    env.extend(
+        dormouse_protocol::egress::PROXY_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     env
 }
 

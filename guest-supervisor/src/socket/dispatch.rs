@@ -36,6 +36,7 @@ pub struct Service {
     pub(super) cell: StatusCell,
     pub(super) quiesce: mpsc::Sender<QuiesceRequest>,
     pub(super) exec: ExecService,
+    pub(super) egress: crate::egress::Hub,
 }
 
 /// One client connection as the service serves it: its two halves, its
@@ -47,6 +48,8 @@ pub struct Conn {
     pub(super) wr: OwnedWriteHalf,
     pub(super) io: Duration,
     pub(super) reservation: Option<Reservation>,
+    /// Its place among the socket's capped connections.
+    pub(super) slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Writes one response within the I/O bound (the payload after the
@@ -184,8 +187,11 @@ impl GuestService for Service {
     // The connection is parked for the egress proxy, then relays one
     // client's bytes; it never serves another request.
     async fn egress_accept(&self, _: call::EgressAccept, _: Vec<u8>, conn: &mut Conn) -> After {
-        let reply = Response::error("egress_unavailable", "the egress proxy is not running");
-        let _ = write_response(&mut conn.wr, &reply, &[], conn.io).await;
+        drop(conn.reservation.take());
+        let slot = &mut conn.slot;
+        let release = || drop(slot.take());
+        crate::egress::session::serve(&self.egress, &mut conn.rd, &mut conn.wr, conn.io, release)
+            .await;
         After::Close
     }
 }

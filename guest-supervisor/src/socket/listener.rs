@@ -12,7 +12,7 @@ use dormouse_protocol::stream::{self, ReadLimits, StreamError};
 use dormouse_protocol::{After, Request, Response, Served};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{timeout_at, Instant};
 
@@ -39,6 +39,7 @@ pub async fn accept_loop(
     cell: StatusCell,
     quiesce: mpsc::Sender<QuiesceRequest>,
     exec: ExecRunner,
+    egress: crate::egress::Hub,
 ) {
     let config_max = config.socket_max_connections;
     let shared = Arc::new(Service {
@@ -46,14 +47,15 @@ pub async fn accept_loop(
         cell,
         quiesce,
         exec: ExecService::new(exec),
+        egress,
     });
     accept_capped(
         listener,
         config_max,
         "guest socket",
-        move |stream| {
+        move |stream, slot| {
             let shared = Arc::clone(&shared);
-            async move { serve_connection(stream, &shared).await }
+            async move { serve_connection(stream, slot, &shared).await }
         },
         refuse_busy,
     )
@@ -62,7 +64,8 @@ pub async fn accept_loop(
 
 /// Accepts on `listener` until dropped, serving at most `max` connections
 /// at once with `serve`, each in a [`JoinSet`] owned here (dropping this
-/// future ends them all). An over-limit client is given to `refuse`, then
+/// future ends them all). `serve` is handed the connection's slot and holds
+/// it while it needs it (an egress connection gives it back once parked). An over-limit client is given to `refuse`, then
 /// closed; a failed accept (EMFILE and friends) backs off briefly instead
 /// of spinning, as the condition clears when connections end.
 pub async fn accept_capped<F, Fut>(
@@ -72,7 +75,7 @@ pub async fn accept_capped<F, Fut>(
     serve: F,
     refuse: impl Fn(&UnixStream),
 ) where
-    F: Fn(UnixStream) -> Fut,
+    F: Fn(UnixStream, OwnedSemaphorePermit) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(max.max(1)));
@@ -85,11 +88,7 @@ pub async fn accept_capped<F, Fut>(
                     accept_errors = 0;
                     match Arc::clone(&slots).try_acquire_owned() {
                         Ok(permit) => {
-                            let served = serve(stream);
-                            connections.spawn(async move {
-                                served.await;
-                                drop(permit);
-                            });
+                            connections.spawn(serve(stream, permit));
                         }
                         Err(_) => {
                             tracing::warn!(socket = what, "connection limit reached; refusing a client");
@@ -245,7 +244,7 @@ async fn read_request<R: AsyncRead + Unpin>(
 /// dispatcher, writes an `answer` request's reply, and goes on until the
 /// client hangs up, a frame is bad, or a request served on the connection
 /// closes it.
-async fn serve_connection(stream: UnixStream, service: &Service) {
+async fn serve_connection(stream: UnixStream, slot: OwnedSemaphorePermit, service: &Service) {
     let idle = Duration::from_millis(service.config.socket_idle_timeout_ms);
     let io = Duration::from_millis(service.config.socket_io_timeout_ms);
     let (rd, wr) = stream.into_split();
@@ -254,6 +253,7 @@ async fn serve_connection(stream: UnixStream, service: &Service) {
         wr,
         io,
         reservation: None,
+        slot: Some(slot),
     };
     loop {
         let incoming = read_request(&mut conn.rd, idle, io, &service.exec).await;

@@ -45,10 +45,11 @@ pub async fn serve(
     cell: StatusCell,
     quiesce: mpsc::Sender<QuiesceRequest>,
     exec: ExecRunner,
+    egress: crate::egress::Hub,
 ) -> Result<(), SocketError> {
     let bound = bind(&config)?;
     tracing::info!(path = %bound.path().display(), "guest socket listening");
-    accept_loop(&bound.listener, config, cell, quiesce, exec).await;
+    accept_loop(&bound.listener, config, cell, quiesce, exec, egress).await;
     Ok(())
 }
 

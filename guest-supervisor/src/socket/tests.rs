@@ -64,7 +64,17 @@ fn start_with(adjust: impl FnOnce(&mut Config)) -> Guest {
         let config = Arc::clone(&config);
         let cell = cell.clone();
         let exec = ExecRunner::new(crate::exec::ExecSettings::from_config(&config));
-        async move { accept_loop(&bound.listener, config, cell, tx, exec).await }
+        async move {
+            accept_loop(
+                &bound.listener,
+                config,
+                cell,
+                tx,
+                exec,
+                crate::egress::Hub::new(),
+            )
+            .await
+        }
     });
     Guest {
         _dir: dir,

@@ -1,0 +1,124 @@
+//! One parked `egress_accept` connection's life: parked until a client is
+//! handed to it (or the broker leaves), then `egress_open`, the broker's
+//! verdict, the client's answer and the raw relay. It never parses a
+//! client's request (that is [`super::head`]'s) and never decides a policy.
+
+use std::time::Duration;
+
+use dormouse_protocol::egress::{self, EgressForm, EgressVerdict};
+use dormouse_protocol::stream;
+use dormouse_protocol::Response;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::hub::{Handoff, Hub};
+use super::reply;
+
+/// How long a client's answer from the proxy itself may take to write.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves one `egress_accept` on the broker connection `rd`/`wr`:
+/// `release` is called once the connection is parked (it gives back the
+/// guest socket's general connection slot: a parked or relaying egress
+/// connection is bounded by the hub and by the proxy's client cap).
+pub async fn serve<R, W>(hub: &Hub, rd: &mut R, wr: &mut W, io: Duration, release: impl FnOnce())
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let parked = match hub.park() {
+        Ok(rx) => rx,
+        Err(e) => {
+            let refusal = Response::error(e.code(), e.to_string());
+            let _ = stream::write_frame(wr, &refusal, &[], io).await;
+            return;
+        }
+    };
+    release();
+    let mut probe = [0u8; 1];
+    let handoff = tokio::select! {
+        handoff = parked => match handoff {
+            Ok(handoff) => handoff,
+            Err(_) => return, // the proxy stopped
+        },
+        // The broker left (or broke the protocol by speaking first).
+        _ = rd.read(&mut probe) => return,
+    };
+    carry(handoff, rd, wr, io).await;
+}
+
+/// Sends the client's request to the broker, answers the client by the
+/// verdict, and relays.
+async fn carry<R, W>(handoff: Handoff, rd: &mut R, wr: &mut W, io: Duration)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let Handoff {
+        mut client,
+        open,
+        payload,
+        permit,
+    } = handoff;
+    let id = open.id;
+    let authority = open.authority();
+    let html = matches!(open.form, EgressForm::Http { .. });
+    let connect = !html;
+    let sent = Response::EgressOpen(open);
+    if let Err(e) = stream::write_frame(wr, &sent, &payload, io).await {
+        tracing::debug!(id, error = %e, "the broker connection failed at egress_open");
+        let reason = format!("egress unavailable: the broker connection failed ({e})");
+        answer(&mut client, 502, &reason, html).await;
+        return;
+    }
+    drop(payload);
+    let verdict = egress::read_verdict(rd).await;
+    let verdict = match verdict {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(id, error = %e, "no verdict from the broker");
+            let reason = format!("egress failed: no answer from the broker for {authority} ({e})");
+            answer(&mut client, 502, &reason, html).await;
+            return;
+        }
+    };
+    match verdict {
+        EgressVerdict::Refused { reason } => {
+            tracing::debug!(id, %authority, %reason, "egress refused");
+            answer(&mut client, 403, &reason, html).await;
+        }
+        EgressVerdict::Failed { reason } => {
+            tracing::debug!(id, %authority, %reason, "egress failed");
+            answer(&mut client, 502, &reason, html).await;
+        }
+        EgressVerdict::Connected => {
+            if connect {
+                let wrote = tokio::time::timeout(
+                    ANSWER_TIMEOUT,
+                    client.write_all(reply::CONNECT_ESTABLISHED),
+                )
+                .await;
+                if !matches!(wrote, Ok(Ok(()))) {
+                    return;
+                }
+            }
+            let _ = client.set_nodelay(true);
+            let mut broker = tokio::io::join(rd, wr);
+            match egress::relay(&mut client, &mut broker).await {
+                Ok((up, down)) => tracing::debug!(id, %authority, up, down, "egress closed"),
+                Err(e) => tracing::debug!(id, %authority, error = %e, "egress ended"),
+            }
+        }
+    }
+    drop(permit);
+}
+
+/// Writes the proxy's own answer and closes the client's connection.
+pub async fn answer(client: &mut TcpStream, status: u16, reason: &str, html: bool) {
+    let bytes = reply::answer(status, reason, html);
+    let _ = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        client.write_all(&bytes).await?;
+        client.shutdown().await
+    })
+    .await;
+}
