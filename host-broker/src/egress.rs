@@ -108,7 +108,11 @@ impl Parker for GuestParker {
 }
 
 /// Starts following the owner: a pool per ready desktop until `shutdown`.
-pub fn spawn(broker: BrokerHandle, egress: Arc<Egress>, shutdown: CancellationToken) -> JoinHandle<()> {
+pub fn spawn(
+    broker: BrokerHandle,
+    egress: Arc<Egress>,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
     tokio::spawn(supervise(broker, egress, shutdown))
 }
 

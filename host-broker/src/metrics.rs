@@ -128,9 +128,16 @@ impl Metrics {
             "dormouse_engine_events_verified {}",
             self.events_verified.load(Ordering::Relaxed)
         );
-        let _ = writeln!(out, "# HELP dormouse_egress_connections_total Egress connections of desktops by decision.");
+        let _ = writeln!(
+            out,
+            "# HELP dormouse_egress_connections_total Egress connections of desktops by decision."
+        );
         let _ = writeln!(out, "# TYPE dormouse_egress_connections_total counter");
-        for d in [EgressDecision::Allowed, EgressDecision::Refused, EgressDecision::Failed] {
+        for d in [
+            EgressDecision::Allowed,
+            EgressDecision::Refused,
+            EgressDecision::Failed,
+        ] {
             let _ = writeln!(
                 out,
                 "dormouse_egress_connections_total{{decision=\"{}\"}} {}",

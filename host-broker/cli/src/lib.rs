@@ -11,6 +11,7 @@
 pub mod actions;
 mod cp;
 mod create;
+mod egress;
 pub mod escape;
 pub mod exec;
 mod export;
@@ -151,6 +152,14 @@ pub enum CliCommand {
     Type(actions::TypeArgs),
     /// Press key combinations, e.g. `key ID ctrl+l`.
     Key(actions::KeyArgs),
+    /// Show or change a desktop's egress policy, or print its audit.
+    Egress {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// What to do; prints the policy when absent.
+        #[command(subcommand)]
+        action: Option<egress::EgressAction>,
+    },
     /// Renew a desktop's idle timer.
     Touch {
         /// Id, unique id prefix, or name.
@@ -387,6 +396,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
         }
         CliCommand::Stop { id } => stop::run(c, &id, json, out).await,
         CliCommand::Touch { id } => touch::run(c, &id, json, out).await,
+        CliCommand::Egress { id, action } => egress::run(c, &id, action, json, out).await,
         CliCommand::Rm { id, purge } => rm::run(c, &id, purge, json, out).await,
         CliCommand::Act(a) => actions::act(c, a, json, out).await,
         CliCommand::Type(a) => actions::type_text(c, a, json, out).await,

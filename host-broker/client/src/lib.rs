@@ -266,8 +266,12 @@ impl Client {
     /// `since` (all kept ones when `None`), oldest first, one page.
     pub async fn egress_log(&self, id: Uuid, since: Option<u64>) -> Result<EgressLogPage, Error> {
         let query = since.map_or(String::new(), |s| format!("?since={s}"));
-        self.call(Method::GET, &computer(id, &format!("/egress/log{query}")), NO_BODY)
-            .await
+        self.call(
+            Method::GET,
+            &computer(id, &format!("/egress/log{query}")),
+            NO_BODY,
+        )
+        .await
     }
 
     /// `POST /v1/computers/{id}/lease`: take or renew its fencing lease.

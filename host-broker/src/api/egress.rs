@@ -55,13 +55,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LogQuery {
                 .ok_or_else(|| HttpError::bad_request("a query value is not valid UTF-8"))?;
             match key {
                 "since" => {
-                    query.since = Some(
-                        value
-                            .parse()
-                            .map_err(|e: dormouse_protocol::egress_policy::RuleError| {
-                                HttpError::bad_request(e.why)
-                            })?,
-                    );
+                    query.since = Some(value.parse().map_err(
+                        |e: dormouse_protocol::egress_policy::RuleError| {
+                            HttpError::bad_request(e.why)
+                        },
+                    )?);
                 }
                 "limit" => {
                     let n: usize = value.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {

@@ -178,7 +178,12 @@ impl Routes {
             .add(Token, Method::PATCH, "/v1/computers/{id}", computers::patch)
             .add(Token, Method::GET, "/v1/computers/{id}/egress", egress::get)
             .add(Token, Method::PUT, "/v1/computers/{id}/egress", egress::put)
-            .add(Token, Method::GET, "/v1/computers/{id}/egress/log", egress::log)
+            .add(
+                Token,
+                Method::GET,
+                "/v1/computers/{id}/egress/log",
+                egress::log,
+            )
             .add(
                 Token,
                 Method::DELETE,

@@ -26,7 +26,9 @@ impl GuestConnection {
     /// Parks this connection for the guest's proxy and waits, as long as it
     /// takes, for a guest program's connection: what it asked for, the
     /// bytes to write upstream first, and the session to answer on.
-    pub async fn egress_accept(mut self) -> Result<(EgressOpen, Vec<u8>, EgressSession), GuestError> {
+    pub async fn egress_accept(
+        mut self,
+    ) -> Result<(EgressOpen, Vec<u8>, EgressSession), GuestError> {
         stream::write_frame(
             &mut self.stream,
             &dormouse_protocol::Request::from(call::EgressAccept),
@@ -46,7 +48,13 @@ impl GuestConnection {
             to: call::EgressAccept::KIND,
             got: super::sanitize(&e.to_string()),
         })?;
-        Ok((open, frame.payload, EgressSession { stream: self.stream }))
+        Ok((
+            open,
+            frame.payload,
+            EgressSession {
+                stream: self.stream,
+            },
+        ))
     }
 }
 
