@@ -304,7 +304,7 @@ impl Dormouse {
         )
     }
 
-    #[tool(description = "Create a new desktop (stopped; start it with start_desktop).")]
+    #[tool(description = "Create a new desktop and start it; answers its status (ready: true once it can be used; poll desktops until then).")]
     async fn create_desktop(
         &self,
         Parameters(a): Parameters<CreateArgs>,

@@ -71,6 +71,9 @@ pub struct ApiState {
     pub screens: crate::screen::ScreenGateway,
     /// Where the panel's noVNC library is served from.
     pub novnc: crate::api::screen_viewer::NovncDir,
+    /// The broker's own listener, which the `/mcp` tools call with the
+    /// request's token; `/mcp` is not served without it.
+    pub mcp: Option<dormouse_client::Endpoint>,
 }
 
 impl ApiState {
@@ -84,6 +87,7 @@ impl ApiState {
             token,
             shutdown: CancellationToken::new(),
             engine: None,
+            mcp: None,
         }
     }
 }
@@ -305,6 +309,9 @@ impl Routes {
     }
 }
 
+/// Where the MCP server is served (not a REST route: not in the table).
+pub const MCP_PATH: &str = "/mcp";
+
 /// Every route [`router`] serves.
 pub fn route_table() -> Vec<RouteSpec> {
     Routes::all().table
@@ -313,8 +320,14 @@ pub fn route_table() -> Vec<RouteSpec> {
 /// The whole API as one router.
 pub fn router(state: ApiState) -> Router {
     let routes = Routes::all();
-    routes
-        .protected
+    let mut protected = routes.protected;
+    // `/mcp`: the MCP tools over streamable HTTP, behind the same token
+    // (see `dormouse_mcp::http`).
+    if let Some(endpoint) = state.mcp.clone() {
+        let service = dormouse_mcp::http::service(endpoint, dormouse_mcp::Settings::default());
+        protected = protected.route_service(MCP_PATH, service);
+    }
+    protected
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

@@ -310,6 +310,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     state.shutdown = shutdown.clone();
     state.engine = engine;
     screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
+    state.mcp = listener.loopback();
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,
