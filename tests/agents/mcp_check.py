@@ -5,6 +5,7 @@ the broker and the desktops and sets the environment (see common.py)."""
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -50,31 +51,33 @@ class Session:
         self.token, self.generation, self.desktop = token, generation, desktop
 
     async def __aenter__(self):
-        self.stack = []
-        if MODE == "http":
-            headers = {"Authorization": f"Bearer {self.token}"}
-            if self.generation:
-                headers["Dormouse-Generation"] = self.generation
-            self.http = httpx2.AsyncClient(headers=headers, timeout=120)
-            url = f"{URL}/mcp?desktop={self.desktop}"
-            self.transport = streamable_http_client(url, http_client=self.http)
-        else:
-            args = ["--url", URL, "mcp", "--desktop", self.desktop, "--display", "1024x640"]
-            if self.generation:
-                args = ["--generation", self.generation, *args]
-            env = {"DORMOUSE_TOKEN": self.token}
-            self.transport = stdio_client(StdioServerParameters(command=CLI, args=args, env=env))
-        read, write = await self.transport.__aenter__()
-        self.session = ClientSession(read, write)
-        await self.session.__aenter__()
-        await self.session.initialize()
-        return self.session
+        self.stack = contextlib.AsyncExitStack()
+        await self.stack.__aenter__()
+        try:
+            if MODE == "http":
+                headers = {"Authorization": f"Bearer {self.token}"}
+                if self.generation:
+                    headers["Dormouse-Generation"] = self.generation
+                http = httpx2.AsyncClient(headers=headers, timeout=120)
+                self.stack.push_async_callback(http.aclose)
+                url = f"{URL}/mcp?desktop={self.desktop}"
+                transport = streamable_http_client(url, http_client=http)
+            else:
+                args = ["--url", URL, "mcp", "--desktop", self.desktop, "--display", "1024x640"]
+                if self.generation:
+                    args = ["--generation", self.generation, *args]
+                env = {"DORMOUSE_TOKEN": self.token}
+                transport = stdio_client(StdioServerParameters(command=CLI, args=args, env=env))
+            read, write = await self.stack.enter_async_context(transport)
+            session = await self.stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            return session
+        except BaseException:
+            await self.stack.aclose()
+            raise
 
     async def __aexit__(self, *exc):
-        await self.session.__aexit__(*exc)
-        await self.transport.__aexit__(*exc)
-        if MODE == "http":
-            await self.http.aclose()
+        return await self.stack.__aexit__(*exc)
 
 
 def texts(result):

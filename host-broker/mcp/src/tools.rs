@@ -414,16 +414,16 @@ impl Dormouse {
             .get("desktop")
             .and_then(|d| d.as_str())
             .map(str::to_owned);
-        let id = self
-            .desktop(&client, named.as_deref(), url.as_deref())
-            .await?;
-        // Parse before learning the space: a call that cannot be a batch
+        // Parse first: a call that cannot be a batch is refused as such and
         // costs no screenshot.
         let unset = dormouse_protocol::actions::Scale {
             width: 1,
             height: 1,
         };
         let mut batch = computer::batch_of(args, unset, !self.settings.no_screenshot_after)?;
+        let id = self
+            .desktop(&client, named.as_deref(), url.as_deref())
+            .await?;
         batch.scale = Some(self.space(&client, id).await?);
         let results = client.actions(id, &batch).await?;
         Ok(computer::content_of(results))
