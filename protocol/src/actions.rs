@@ -20,7 +20,8 @@
 //! screen ([`Space`]). It never executes anything and never talks to X.
 //!
 //! Its parts form a chain with no way back: `limits` ← `types` ← `scale` ←
-//! `validate` (with `keysym`) and `bound`.
+//! `validate` (with `keysym`) and `bound`; [`openai`] translates the OpenAI
+//! Responses dialect into `types` and leans on `validate`.
 //!
 //! # The scaling rule
 //!
@@ -38,6 +39,7 @@ mod bound;
 pub mod keysym;
 mod keysym_table;
 mod limits;
+pub mod openai;
 mod scale;
 mod types;
 mod validate;

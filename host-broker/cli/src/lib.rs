@@ -19,6 +19,7 @@ pub mod files;
 mod import;
 mod lease;
 mod ls;
+mod mcp;
 mod output;
 mod rm;
 mod screen;
@@ -208,6 +209,8 @@ pub enum CliCommand {
     /// The workspace: cp, files, disk, export, import.
     #[command(flatten)]
     Files(files::FilesCommand),
+    /// Serve the MCP tools (computer, shell, files, desktops) over stdio.
+    Mcp(mcp::McpArgs),
     /// Print a link to watch a desktop live (or, with --control, take it over).
     Screen {
         /// Id, unique id prefix, or name.
@@ -383,6 +386,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
     let c = &client;
     match args.command {
         CliCommand::Files(command) => files::run(c, command, json, out).await,
+        CliCommand::Mcp(args) => mcp::run(c, args).await,
         CliCommand::Create {
             name,
             owner,

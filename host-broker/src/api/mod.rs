@@ -74,6 +74,9 @@ pub struct ApiState {
     pub novnc: crate::api::screen_viewer::NovncDir,
     /// The egress service, for its audit (none: the log reads empty).
     pub egress: Option<Arc<dormouse_egress::Egress>>,
+    /// The broker's own listener, which the `/mcp` tools call with the
+    /// request's token; `/mcp` is not served without it.
+    pub mcp: Option<dormouse_client::Endpoint>,
 }
 
 impl ApiState {
@@ -88,6 +91,7 @@ impl ApiState {
             shutdown: CancellationToken::new(),
             engine: None,
             egress: None,
+            mcp: None,
         }
     }
 }
@@ -317,6 +321,9 @@ impl Routes {
     }
 }
 
+/// Where the MCP server is served (not a REST route: not in the table).
+pub const MCP_PATH: &str = "/mcp";
+
 /// Every route [`router`] serves.
 pub fn route_table() -> Vec<RouteSpec> {
     Routes::all().table
@@ -325,8 +332,14 @@ pub fn route_table() -> Vec<RouteSpec> {
 /// The whole API as one router.
 pub fn router(state: ApiState) -> Router {
     let routes = Routes::all();
-    routes
-        .protected
+    let mut protected = routes.protected;
+    // `/mcp`: the MCP tools over streamable HTTP, behind the same token
+    // (see `dormouse_mcp::http`).
+    if let Some(endpoint) = state.mcp.clone() {
+        let service = dormouse_mcp::http::service(endpoint, dormouse_mcp::Settings::default());
+        protected = protected.route_service(MCP_PATH, service);
+    }
+    protected
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

@@ -94,6 +94,28 @@ pub enum ApiListener {
 }
 
 impl ApiListener {
+    /// How this broker reaches itself: the TCP port on loopback (an
+    /// unspecified address becomes loopback), or the unix socket.
+    pub fn loopback(&self) -> Option<dormouse_client::Endpoint> {
+        match self {
+            Self::Tcp(l) => {
+                let mut addr = l.local_addr().ok()?;
+                if addr.ip().is_unspecified() {
+                    addr.set_ip(if addr.is_ipv4() {
+                        std::net::Ipv4Addr::LOCALHOST.into()
+                    } else {
+                        std::net::Ipv6Addr::LOCALHOST.into()
+                    });
+                }
+                Some(dormouse_client::Endpoint::tcp(addr))
+            }
+            Self::Unix(l, _) => {
+                let addr = l.local_addr().ok()?;
+                dormouse_client::Endpoint::unix(addr.as_pathname()?).ok()
+            }
+        }
+    }
+
     /// For logs and the systemd status line.
     pub fn describe(&self) -> String {
         match self {

@@ -342,6 +342,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     state.egress = Some(egress.clone());
     let egress_task = crate::egress::spawn(state.broker.clone(), egress, shutdown.clone());
     screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
+    state.mcp = listener.loopback();
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),
         ApiListener::Tcp(_) => None,

@@ -339,6 +339,36 @@ pub struct ActionResult {
     /// When `ok` is false: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ActionErrorBody>,
+    /// In an `openai_actions` batch: the index of the dialect action this
+    /// result belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openai_index: Option<usize>,
+    /// In an `openai_actions` batch, on `screenshot` and `zoom`: the image as
+    /// a `computer_call_output`'s `output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<ComputerScreenshot>,
+}
+
+/// The `computer_call_output` screenshot: `{"type": "computer_screenshot",
+/// "image_url": "data:image/png;base64,…"}`, ready to send back as the
+/// call's `output`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputerScreenshot {
+    /// Always `computer_screenshot`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A `data:` URL of the image.
+    pub image_url: String,
+}
+
+impl ComputerScreenshot {
+    /// The output for an image of `media_type` whose base64 is `data`.
+    pub fn new(media_type: &str, data: &str) -> Self {
+        Self {
+            kind: "computer_screenshot".to_owned(),
+            image_url: format!("data:{media_type};base64,{data}"),
+        }
+    }
 }
 
 impl ActionResult {
@@ -351,6 +381,8 @@ impl ActionResult {
             image: None,
             size: None,
             error: None,
+            openai_index: None,
+            output: None,
         }
     }
 

@@ -149,6 +149,35 @@ async fn run(args: Args) -> Result<()> {
         via_api.push(started.elapsed());
         ensure!(r.results.iter().all(|r| r.ok), "{r:?}");
     }
+    // The same click with its screenshot after it, as the MCP `computer`
+    // tool answers one: through the API as one batch, and as an MCP
+    // `tools/call` on `/mcp` (JSON-RPC over streamable HTTP, one
+    // connection per call, as a stateless client makes them).
+    let click_shot = batch(json!({"actions": [
+        {"action": "left_click", "coordinate": [cx, cy]}, {"action": "screenshot"}]}))?;
+    let mut via_api_shot = Samples::new();
+    for _ in 0..args.clicks {
+        let started = Instant::now();
+        let r = api.actions(id, &click_shot).await?;
+        via_api_shot.push(started.elapsed());
+        ensure!(r.results.iter().all(|r| r.ok), "{r:?}");
+    }
+    let mut via_mcp = Samples::new();
+    for i in 0..args.clicks {
+        let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+            "name": "computer", "arguments": {"action": "left_click", "coordinate": [cx, cy]},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                      "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let started = Instant::now();
+        let answer = mcp_post(broker.addr(), broker.token(), id, &call).await?;
+        via_mcp.push(started.elapsed());
+        ensure!(
+            answer.contains("\"image\"") && !answer.contains("\"isError\":true"),
+            "{}",
+            &answer[..answer.len().min(300)]
+        );
+    }
     let mut via_socket = Samples::new();
     for _ in 0..args.clicks {
         let started = Instant::now();
@@ -306,6 +335,13 @@ async fn run(args: Args) -> Result<()> {
         );
     };
     row("left_click through the API", &via_api);
+    row("left_click + screenshot through the API", &via_api_shot);
+    row("MCP computer left_click (+ screenshot)", &via_mcp);
+    println!(
+        "{:<44} {:>9}",
+        "  MCP left_click p99",
+        ms(via_mcp.percentile(99.0))
+    );
     row("left_click on the guest socket", &via_socket);
     row("docker exec xdotool mousemove+click", &via_xdotool);
     row("GET /screenshot (still)", &still);
@@ -370,4 +406,30 @@ async fn run(args: Args) -> Result<()> {
         verdict(ratio <= TARGET_CLICK_RATIO)
     );
     Ok(())
+}
+
+/// One MCP JSON-RPC request to `/mcp?desktop=ID`, its answer's body.
+async fn mcp_post(
+    addr: std::net::SocketAddr,
+    token: &str,
+    id: uuid::Uuid,
+    body: &serde_json::Value,
+) -> Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let body = body.to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    let head = format!(
+        "POST /mcp?desktop={id} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        addr.port(),
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(body.as_bytes()).await?;
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    ensure!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(300)]);
+    Ok(answer)
 }
