@@ -71,7 +71,14 @@ fn cli_binary() -> Result<PathBuf> {
     let target = profile.parent().context("target dir")?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", "dormouse-cli", "--bin", "dormouse"])
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "dormouse-cli",
+            "--bin",
+            "dormouse",
+        ])
         .arg("--manifest-path")
         .arg(workspace_root().join("Cargo.toml"))
         .arg("--target-dir")

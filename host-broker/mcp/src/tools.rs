@@ -304,7 +304,9 @@ impl Dormouse {
         )
     }
 
-    #[tool(description = "Create a new desktop and start it; answers its status (ready: true once it can be used; poll desktops until then).")]
+    #[tool(
+        description = "Create a new desktop and start it; answers its status (ready: true once it can be used; poll desktops until then)."
+    )]
     async fn create_desktop(
         &self,
         Parameters(a): Parameters<CreateArgs>,

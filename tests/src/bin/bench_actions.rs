@@ -430,6 +430,10 @@ async fn mcp_post(
     let mut answer = Vec::new();
     conn.read_to_end(&mut answer).await?;
     let answer = String::from_utf8_lossy(&answer).into_owned();
-    ensure!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(300)]);
+    ensure!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{}",
+        &answer[..answer.len().min(300)]
+    );
     Ok(answer)
 }
