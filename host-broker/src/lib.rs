@@ -1,37 +1,29 @@
-//! `dormouse-broker`: the host side of Dormouse. It only creates, starts,
-//! stops, removes and fences desktop containers, and serves their status
-//! and their workspaces.
+//! `dormouse-broker`: the host side of Dormouse, as the daemon `dormoused`
+//! runs it. It only creates, starts, stops, removes and fences desktop
+//! containers, and serves their status and their workspaces.
 //!
-//! `api/` parses HTTP into [`command::Command`]s; one owner task holds every
-//! computer's state and is the only code that touches the engine or the
-//! broker's records. The workspace routes are the one place the API layer
-//! touches the disk: once the owner has authorised a request and said where
-//! the workspace is, the handler runs [`workspace`] functions on the
-//! blocking pool, never on an async task.
+//! The work is in three crates, each of which cargo keeps from reaching back:
+//! - `dormouse-core`: the one owner task, the lifecycle verbs, the policies,
+//!   the records, the guest client and relay, over the engine-neutral
+//!   `Backend` trait; it links no engine client and no HTTP server;
+//! - `dormouse-docker`: the `Backend` over a Docker-API engine (bollard);
+//! - `dormouse-http`: the API, the screen gateway and the panel (axum); the
+//!   only place an HTTP status is chosen.
+//!
+//! This crate is the [`daemon`]: it reads the flags, picks and builds the
+//! backend, starts the core and serves. The core's, the backend's and the
+//! HTTP side's modules are re-exported under the names they had before the
+//! split (`engine`, `owner`, `api`, …) for the integration tests and tools.
 
 #![forbid(unsafe_code)]
 
-pub mod api;
-pub mod command;
-pub mod config;
 pub mod daemon;
 pub mod egress;
-pub mod engine;
-pub mod error;
-pub mod guest;
-pub mod idle;
-pub mod lifecycle;
-pub mod metrics;
-pub mod owner;
-pub mod paths;
-pub mod quota;
-pub mod reconcile;
-pub mod relay;
-pub mod screen;
-pub mod secret;
-pub mod store;
-pub mod workspace;
 
-pub use command::{BrokerHandle, Command};
-pub use config::BrokerConfig;
-pub use error::BrokerError;
+pub use dormouse_core::{
+    command, config, engine, error, guest, idle, lifecycle, metrics, owner, paths, quota,
+    reconcile, relay, secret, store, workspace, BrokerConfig, BrokerError, BrokerHandle, Command,
+};
+pub use dormouse_docker as docker;
+pub use dormouse_http as api;
+pub use dormouse_http::screen;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use dormouse_broker::api::{self, ApiState, ApiToken};
-use dormouse_broker::engine::docker::{DockerBackend, DockerEngine};
+use dormouse_broker::docker::{DockerBackend, DockerEngine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
 use dormouse_e2e::{desktop_image, docker_available, TempDir};

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::{DockerBackend, DockerEngine, Engine};
+use dormouse_broker::docker::{DockerBackend, DockerEngine, Engine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
 use dormouse_e2e::{desktop_image, docker, docker_available, TempDir};

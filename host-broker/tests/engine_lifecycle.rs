@@ -12,10 +12,10 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::container_engine::{BindMount, ContainerSpec};
-use dormouse_broker::engine::docker::spec::{container_spec, SUPERVISOR_CAPABILITIES};
-use dormouse_broker::engine::docker::{resume, DockerBackend, DockerConfig, DockerEngine, Engine};
-use dormouse_broker::engine::{BackendSpec, Refusal, RunState};
+use dormouse_broker::docker::container_engine::{BindMount, ContainerSpec};
+use dormouse_broker::docker::spec::{container_spec, SUPERVISOR_CAPABILITIES};
+use dormouse_broker::docker::{resume, DockerBackend, DockerConfig, DockerEngine, Engine};
+use dormouse_broker::engine::{Refusal, RunState};
 use dormouse_broker::lifecycle::create;
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::owner;
@@ -77,7 +77,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
         workspace: paths.workspace(id),
         idle_timeout_ms: None,
         created_at: chrono::Utc::now(),
-        spec: BackendSpec::Docker(spec.clone()),
+        spec: dormouse_broker::docker::spec::to_backend(&spec),
         workspace_from: None,
         egress: None,
     };
@@ -235,7 +235,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
         workspace: paths.workspace(id),
         idle_timeout_ms: None,
         created_at: chrono::Utc::now(),
-        spec: BackendSpec::Docker(spec.clone()),
+        spec: dormouse_broker::docker::spec::to_backend(&spec),
         workspace_from: None,
         egress: None,
     };
@@ -339,7 +339,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
             workspace: paths.workspace(id),
             idle_timeout_ms: None,
             created_at: chrono::Utc::now(),
-            spec: BackendSpec::Docker(spec.clone()),
+            spec: dormouse_broker::docker::spec::to_backend(&spec),
             workspace_from: None,
             egress: None,
         };

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use dormouse_broker::engine::docker::{DockerBackend, DockerEngine};
+use dormouse_broker::api::ApiStatus as _;
+use dormouse_broker::docker::{DockerBackend, DockerEngine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::{owner, BrokerConfig};
 use dormouse_e2e::TempDir;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dormouse_broker::api::screen_host::OwnerScreenHost;
-use dormouse_broker::engine::docker::{
+use dormouse_broker::docker::{
     Dialect, DockerBackend, DockerConfig, DockerEngine, Engine, GuestChannel,
 };
 use dormouse_broker::guest::{GuestError, GuestRelay, GuestSocket};

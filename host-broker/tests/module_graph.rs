@@ -1,10 +1,14 @@
-//! The broker's module graph, read from its source: the top-level modules of
-//! `host-broker/src` form a DAG (no module reaches back into one that
-//! depends on it), and the owner and the lifecycle verbs name no engine.
+//! The broker's module graph, read from its source: inside each of its
+//! crates (`dormouse-core`, `dormouse-docker`, `dormouse-http` and this
+//! daemon) the top-level modules form a DAG (no module reaches back into one
+//! that depends on it), the owner and the lifecycle verbs name no engine, and
+//! the core links neither an engine client nor an HTTP server. Between the
+//! crates, cargo itself refuses a back edge.
 //!
-//! A use is any `crate::<module>` path outside comments and outside the
-//! unit tests (`#[cfg(test)] mod tests` and `src/owner/tests/`), which may
-//! reach anywhere.
+//! A use is any `crate::<module>` path (or `super::<module>` in a file at a
+//! crate's top) outside comments and outside the unit tests
+//! (`#[cfg(test)] mod tests` and `tests/` directories), which may reach
+//! anywhere.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,8 +16,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// The source directories of the broker's crates.
+const CRATES: [&str; 4] = ["core/src", "docker/src", "http/src", "src"];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn core_src() -> PathBuf {
+    root().join("core/src")
 }
 
 /// Every `.rs` file under `dir`, unit-test directories left out.
@@ -43,10 +54,11 @@ fn code(path: &Path) -> String {
         .join("\n")
 }
 
-/// The top-level module a file belongs to (`owner` for `src/owner.rs` and
-/// `src/owner/ops.rs`); `None` for the crate root and the binaries.
-fn module_of(path: &Path) -> Option<String> {
-    let rel = path.strip_prefix(src()).unwrap();
+/// The top-level module a file of the crate at `src` belongs to (`owner`
+/// for `src/owner.rs` and `src/owner/ops.rs`); `None` for the crate root and
+/// the binaries.
+fn module_of(src: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(src).unwrap();
     let first = rel.components().next()?.as_os_str().to_str()?.to_owned();
     let name = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
     (name != "lib" && name != "bin").then_some(name)
@@ -74,16 +86,22 @@ fn uses(code: &str) -> BTreeSet<String> {
     found
 }
 
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
+/// The module graph of the crate whose sources are at `src`.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    sources(&src(), &mut files);
-    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(f)).collect();
+    sources(src, &mut files);
+    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(src, f)).collect();
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
-        let Some(from) = module_of(file) else {
+        let Some(from) = module_of(src, file) else {
             continue;
         };
-        for to in uses(&code(file)) {
+        let mut code = code(file);
+        if file.parent() == Some(src) {
+            // In a file at the crate's top, `super::` is the crate root.
+            code = code.replace("super::", "crate::");
+        }
+        for to in uses(&code) {
             if to != from && modules.contains(&to) {
                 edges.entry(from.clone()).or_default().insert(to);
             }
@@ -119,18 +137,25 @@ fn cycle_from(
 }
 
 #[test]
-fn the_top_level_modules_form_a_dag() {
-    let edges = graph();
+fn the_top_level_modules_of_every_crate_form_a_dag() {
+    let core = graph(&core_src());
     assert!(
-        edges
-            .get("owner")
-            .is_some_and(|to| to.contains("lifecycle")),
-        "the reader finds no uses at all: {edges:?}"
+        core.get("owner").is_some_and(|to| to.contains("lifecycle")),
+        "the reader finds no uses at all: {core:?}"
     );
-    let mut done = BTreeSet::new();
-    for node in edges.keys() {
-        if let Some(cycle) = cycle_from(node, &edges, &mut Vec::new(), &mut done) {
-            panic!("module cycle: {}", cycle.join(" -> "));
+    let http = graph(&root().join("http/src"));
+    assert!(
+        http.get("screen_routes")
+            .is_some_and(|to| to.contains("screen")),
+        "the reader finds no uses in the HTTP crate: {http:?}"
+    );
+    for krate in CRATES {
+        let edges = graph(&root().join(krate));
+        let mut done = BTreeSet::new();
+        for node in edges.keys() {
+            if let Some(cycle) = cycle_from(node, &edges, &mut Vec::new(), &mut done) {
+                panic!("module cycle in {krate}: {}", cycle.join(" -> "));
+            }
         }
     }
 }
@@ -152,17 +177,74 @@ fn the_reader_sees_a_cycle_when_there_is_one() {
 
 #[test]
 fn the_owner_and_the_lifecycle_name_no_engine() {
-    let mut files = vec![src().join("owner.rs")];
-    sources(&src().join("owner"), &mut files);
-    sources(&src().join("lifecycle"), &mut files);
+    let src = core_src();
+    let mut files = vec![src.join("owner.rs")];
+    sources(&src.join("owner"), &mut files);
+    sources(&src.join("lifecycle"), &mut files);
+    assert!(files.len() > 5, "the core's owner and lifecycle: {files:?}");
     for file in files {
         let code = code(&file);
         for word in ["docker", "Docker", "container_name", "bollard"] {
             assert!(
                 !code.contains(word),
                 "{} names {word}",
-                file.strip_prefix(src()).unwrap().display()
+                file.strip_prefix(&src).unwrap().display()
             );
         }
+    }
+}
+
+/// The crates the core must never link, directly or through another crate.
+const NOT_IN_CORE: [&str; 4] = ["bollard", "axum", "hyper", "tower"];
+
+#[test]
+fn the_core_manifest_names_no_engine_client_and_no_http_server() {
+    let manifest = fs::read_to_string(root().join("core/Cargo.toml")).unwrap();
+    let deps: Vec<&str> = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split(['=', '.']).next())
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.starts_with('#'))
+        .collect();
+    assert!(
+        deps.contains(&"tokio"),
+        "the reader finds no dependencies: {deps:?}"
+    );
+    for dep in deps {
+        assert!(
+            !NOT_IN_CORE.iter().any(|n| dep.starts_with(n)),
+            "dormouse-core depends on {dep}"
+        );
+    }
+}
+
+#[test]
+fn the_core_links_no_engine_client_and_no_http_server_at_all() {
+    // What cargo resolves for the core's normal build, transitively.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "dormouse-core", "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let names: BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(
+        names.contains("tokio") && names.contains("dormouse-protocol"),
+        "{tree}"
+    );
+    for name in names {
+        assert!(
+            !NOT_IN_CORE.iter().any(|n| name.starts_with(n)),
+            "dormouse-core links {name}"
+        );
     }
 }

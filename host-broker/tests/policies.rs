@@ -13,7 +13,8 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormouse_broker::engine::docker::{DockerBackend, DockerEngine, Engine};
+use dormouse_broker::api::ApiStatus as _;
+use dormouse_broker::docker::{DockerBackend, DockerEngine, Engine};
 use dormouse_broker::metrics::Metrics;
 use dormouse_broker::{owner, BrokerError};
 use dormouse_e2e::{desktop_image, docker_available, TempDir};

@@ -23,14 +23,14 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, ApiState, ApiToken};
-use crate::command::BrokerHandle;
-use crate::config::{BrokerConfig, ResourceLimits};
-use crate::engine::docker::{Dialect, DockerBackend, DockerConfig, DockerEngine, GuestChannel};
-use crate::engine::Backend;
-use crate::metrics::Metrics;
-use crate::owner;
-use crate::paths::Paths;
+use dormouse_core::command::BrokerHandle;
+use dormouse_core::config::{BrokerConfig, ResourceLimits};
+use dormouse_core::engine::Backend;
+use dormouse_core::metrics::Metrics;
+use dormouse_core::owner;
+use dormouse_core::paths::Paths;
+use dormouse_docker::{Dialect, DockerBackend, DockerConfig, DockerEngine, GuestChannel};
+use dormouse_http::{self as api, ApiState, ApiToken};
 pub use listen::{Activation, ApiListener, ListenAddr};
 pub use logging::LogFormat;
 pub use serve::ServeLimits;
@@ -143,8 +143,8 @@ pub struct DaemonArgs {
     pub workspace_max_bytes: u64,
     /// Most files and directories each workspace may hold (enforced like
     /// `--workspace-max-bytes`).
-    #[arg(long, value_name = "N", default_value_t = crate::quota::DEFAULT_WORKSPACE_INODES,
-          value_parser = clap::value_parser!(u64).range(crate::quota::MIN_WORKSPACE_INODES..))]
+    #[arg(long, value_name = "N", default_value_t = dormouse_core::quota::DEFAULT_WORKSPACE_INODES,
+          value_parser = clap::value_parser!(u64).range(dormouse_core::quota::MIN_WORKSPACE_INODES..))]
     pub workspace_max_inodes: u64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -154,7 +154,7 @@ pub struct DaemonArgs {
     pub log_level: Option<String>,
     /// Where noVNC is installed (the panel's live screen); without it the
     /// panel shows still screenshots.
-    #[arg(long, value_name = "DIR", default_value = crate::api::screen_viewer::DEFAULT_NOVNC_DIR)]
+    #[arg(long, value_name = "DIR", default_value = dormouse_http::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
     /// The egress mode of a desktop created without a policy: off, allowlist or open.
     #[arg(long, value_name = "MODE", default_value = "off")]
@@ -206,7 +206,7 @@ impl DaemonArgs {
         config.workspace.import.max_entries = self.import_max_entries;
         config.workspace.files.max_write_bytes = self.file_max_bytes;
         config.egress_default = self.egress_default;
-        config.workspace_quota = crate::quota::WorkspaceQuota {
+        config.workspace_quota = dormouse_core::quota::WorkspaceQuota {
             bytes: self.workspace_max_bytes,
             inodes: self.workspace_max_inodes,
         };
@@ -558,10 +558,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// A workspace size limit: a [`parse_size`] of at least
-/// [`crate::quota::MIN_WORKSPACE_BYTES`] (a quota tool reads 0 as "no limit").
+/// [`dormouse_core::quota::MIN_WORKSPACE_BYTES`] (a quota tool reads 0 as "no limit").
 fn parse_workspace_bytes(s: &str) -> Result<u64, String> {
     let bytes = parse_size(s)?;
-    if bytes < crate::quota::MIN_WORKSPACE_BYTES {
+    if bytes < dormouse_core::quota::MIN_WORKSPACE_BYTES {
         return Err(format!("{s:?} is below the smallest workspace limit, 1MiB"));
     }
     Ok(bytes)
@@ -594,7 +594,7 @@ mod tests {
         let config = args.broker_config(PathBuf::from("/nonexistent"));
         assert_eq!(
             config.workspace_quota,
-            crate::quota::WorkspaceQuota::default()
+            dormouse_core::quota::WorkspaceQuota::default()
         );
         assert_eq!(config.resync_interval, Duration::from_secs(30));
         assert!(config.probe_changes, "the daemon checks the event stream");

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::screen_host::OwnerScreenHost;
-use crate::api::screen_viewer::NovncDir;
-use crate::api::ApiState;
-use crate::screen::ScreenGateway;
+use dormouse_http::screen::ScreenGateway;
+use dormouse_http::screen_host::OwnerScreenHost;
+use dormouse_http::screen_viewer::NovncDir;
+use dormouse_http::ApiState;
 
 /// How often expired capabilities are dropped (each connection also closes
 /// at its own deadline; this only frees their entries).

@@ -30,14 +30,14 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::listen::ApiListener;
-pub use crate::api::body::{BodyDeadline, BodyTimedOut};
+pub use dormouse_http::body::{BodyDeadline, BodyTimedOut};
 
 /// Default deadline for a request's head (request line and headers), and for
 /// the silence of a kept-alive connection between two requests.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default deadline for a request's body, counted from its head. Bodies are
-/// at most [`crate::api::BODY_LIMIT`] (64 KiB): even a slow link sends that
+/// at most [`dormouse_http::BODY_LIMIT`] (64 KiB): even a slow link sends that
 /// in well under a second.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
