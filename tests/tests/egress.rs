@@ -164,10 +164,6 @@ async fn a_desktop_reaches_host_sites_by_name_under_its_policy() -> Result<()> {
     // rule, which the loopback range refuses.
     let (addr2, witness2) = site().await;
     let port2 = addr2.port();
-    // A second site no CIDR rule names: reachable only by a name rule, which
-    // the loopback range refuses.
-    let (addr2, witness2) = site().await;
-    let port2 = addr2.port();
     let dir = tempfile::tempdir()?;
     let hosts = dir.path().join("egress-hosts");
     std::fs::write(&hosts, "127.0.0.1 site.test other.test local.test\n")?;
