@@ -294,7 +294,7 @@ impl FromStr for EgressRule {
         }
         if let Some((addr, rest)) = s.split_once('/') {
             let (prefix, port) = match rest.split_once(':') {
-                Some((prefix, port)) => (prefix, Some(parse_port(port).map_err(|w| bad(w))?)),
+                Some((prefix, port)) => (prefix, Some(parse_port(port).map_err(&bad)?)),
                 None => (rest, None),
             };
             let addr: IpAddr = addr
@@ -319,14 +319,14 @@ impl FromStr for EgressRule {
             ));
         }
         let (host, port) = match s.rsplit_once(':') {
-            Some((host, port)) => (host, Some(parse_port(port).map_err(|w| bad(w))?)),
+            Some((host, port)) => (host, Some(parse_port(port).map_err(&bad)?)),
             None => (s, None),
         };
         let (wildcard, name) = match host.strip_prefix("*.") {
             Some(name) => (true, name),
             None => (false, host),
         };
-        let name = validate_host_name(name).map_err(|w| bad(w))?;
+        let name = validate_host_name(name).map_err(&bad)?;
         if name.parse::<Ipv4Addr>().is_ok() || looks_numeric(&name) {
             return Err(bad("write an address as a CIDR, e.g. 10.1.2.3/32"));
         }
