@@ -18,10 +18,9 @@
 #![forbid(unsafe_code)]
 
 pub mod daemon;
-pub mod egress;
 
 pub use dormouse_core::{
-    command, config, engine, error, guest, idle, lifecycle, metrics, owner, paths, quota,
+    command, config, egress, engine, error, guest, idle, lifecycle, metrics, owner, paths, quota,
     reconcile, relay, secret, store, workspace, BrokerConfig, BrokerError, BrokerHandle, Command,
 };
 pub use dormouse_docker as docker;

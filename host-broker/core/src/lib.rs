@@ -18,6 +18,7 @@
 
 pub mod command;
 pub mod config;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod guest;

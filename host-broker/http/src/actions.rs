@@ -56,7 +56,7 @@ pub async fn run(
         .await
     {
         Ok(results) => Ok(Json(translated.answer(results))),
-        Err(crate::error::BrokerError::InvalidActions(message)) => Err(HttpError::new(
+        Err(dormouse_core::error::BrokerError::InvalidActions(message)) => Err(HttpError::new(
             ErrorCode::InvalidActions,
             translated.rename_message(&message),
         )),
