@@ -4,8 +4,9 @@
 //! environment every exec gets: `curl` over HTTPS to a site whose test CA
 //! the desktop trusts (`update-ca-certificates`), `git clone` of a
 //! dumb-HTTP repository, `pip download` from a simple index, and a raw TCP
-//! echo through CONNECT. Each host server is the independent witness of
-//! what reached it.
+//! echo through CONNECT; and headless Chromium saving screenshots of a host
+//! page and of a refusal page to `docs/images/`. Each host server is the
+//! independent witness of what reached it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -251,6 +252,11 @@ async fn programs_in_a_desktop_use_the_egress() -> Result<()> {
     make_index(dir.path())?;
     let web = dir.path().join("web");
     std::fs::write(web.join("index.html"), "served over TLS\n")?;
+    std::fs::write(
+        web.join("page.html"),
+        "<html><body style=\"font: 32px sans-serif\"><h1>A host page</h1>\
+         <p>Served on the host's loopback, reached by the name page.test through the desktop's egress policy.</p></body></html>\n",
+    )?;
     let tls = Server::start(
         dir.path(),
         &web,
@@ -260,7 +266,10 @@ async fn programs_in_a_desktop_use_the_egress() -> Result<()> {
     let plain = Server::start(dir.path(), &web, "plain", None)?;
     let echo_port = echo().await;
     let hosts = dir.path().join("egress-hosts");
-    std::fs::write(&hosts, "127.0.0.1 tls.test git.test pypi.test echo.test\n")?;
+    std::fs::write(
+        &hosts,
+        "127.0.0.1 tls.test git.test pypi.test echo.test page.test refused.test\n",
+    )?;
     let mut options = BrokerOptions::new(&image);
     options.extra_args = vec!["--egress-hosts".into(), hosts.display().to_string()];
     let broker = BrokerProcess::start(options).await?;
@@ -273,7 +282,7 @@ async fn programs_in_a_desktop_use_the_egress() -> Result<()> {
         let policy = EgressPolicy {
             mode: EgressMode::Allowlist,
             allow: ["127.0.0.1/32"].iter().map(|r| r.parse().unwrap()).collect(),
-            deny: Vec::new(),
+            deny: vec!["refused.test".parse().unwrap()],
         };
         api.set_egress(id, &policy).await?;
 
@@ -337,6 +346,43 @@ async fn programs_in_a_desktop_use_the_egress() -> Result<()> {
         ensure!(
             rc == 0 && out.contains(" 200") && out.contains("echo: ping through the egress"),
             "echo: {rc} {out}"
+        );
+
+        // Chromium, as uid 1000: a host page by name, and a refusal page.
+        for (name, file) in [("page.test", "egress-page"), ("refused.test", "egress-refused")] {
+            let (rc, out) = sh(
+                &api,
+                id,
+                &format!(
+                    "rm -f /home/desk/workspace/{file}.png; timeout 60 chromium --headless=new --no-sandbox \
+                     --disable-gpu --user-data-dir=/tmp/shot-{file} --window-size=1280,800 \
+                     --screenshot=/home/desk/workspace/{file}.png http://{name}:{}/page.html; \
+                     ls -l /home/desk/workspace/{file}.png",
+                    plain.port
+                ),
+            )
+            .await?;
+            ensure!(rc == 0, "chromium {name}: {rc} {out}");
+            let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images");
+            std::fs::create_dir_all(&docs)?;
+            run(Command::new("docker").args([
+                "cp",
+                &format!("{ctr}:/home/desk/workspace/{file}.png"),
+                &docs.join(format!("{file}.png")).display().to_string(),
+            ]))?;
+        }
+        ensure!(
+            plain.requests().contains("page.test") && plain.requests().contains("/page.html"),
+            "the page site saw: {}",
+            plain.requests()
+        );
+        ensure!(!plain.requests().contains("refused.test"), "a refused name reached the site");
+        let log = api.egress_log(id, None).await?;
+        ensure!(
+            log.entries.iter().any(|e| e.host == "refused.test"
+                && e.decision == dormouse_protocol::egress_policy::EgressDecision::Refused),
+            "{:#?}",
+            log.entries
         );
         Ok(())
     }
