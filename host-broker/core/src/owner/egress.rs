@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::commands::{Answer, Fenced};
 use super::Owner;
-use crate::command::Reply;
+use crate::command::{Fence, Reply};
 use crate::error::BrokerError;
 use crate::store::computer::ComputerRecord;
 
@@ -103,5 +103,3 @@ impl Owner {
         Answer::Now(reply, Ok(()))
     }
 }
-
-use crate::command::Fence;
