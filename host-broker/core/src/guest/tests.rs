@@ -87,7 +87,11 @@ async fn a_well_behaved_guest_answers() {
         PROTOCOL_VERSION
     );
     assert_eq!(
-        conn.call(call::Activity).await.expect("activity").message.input_idle_ms,
+        conn.call(call::Activity)
+            .await
+            .expect("activity")
+            .message
+            .input_idle_ms,
         Some(5)
     );
     assert!(matches!(
