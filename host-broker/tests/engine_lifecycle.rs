@@ -46,6 +46,9 @@ fn inspect(name: &str, format: &str) -> String {
 }
 
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks() {
     let test = "the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks";
     if !docker_available(test) {
@@ -359,6 +362,9 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
 
 /// The whole lifecycle with the real desktop image.
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn create_ready_stop_start_ready_with_the_real_image() {
     let test = "create_ready_stop_start_ready_with_the_real_image";
     if !docker_available(test) {

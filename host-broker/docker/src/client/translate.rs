@@ -83,6 +83,9 @@ pub(super) fn btree(map: Option<HashMap<String, String>>) -> BTreeMap<String, St
 }
 
 /// Our plain view of an inspect answer.
+// Over 100 lines on purpose: a field-by-field translation of one inspect
+// answer into `ContainerInfo`; each line is one field, and apart the
+// fields of one answer would be spread over helpers.
 pub(super) fn container_info(raw: ContainerInspectResponse) -> ContainerInfo {
     let state = raw.state.unwrap_or_default();
     let host = raw.host_config.unwrap_or_default();
