@@ -64,7 +64,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, false).unwrap();
+    create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
     let mut spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
@@ -211,7 +211,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, false).unwrap();
+    create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
     let mut spec: ContainerSpec =
@@ -322,7 +322,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
     ];
     for (extra, field) in cases {
         let id = Uuid::new_v4();
-        create::prepare_dirs(&paths, id, false).unwrap();
+        create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
         let spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
         let mut args = create_flags(&spec);
         args.extend(extra.iter().map(|s| (*s).to_string()));

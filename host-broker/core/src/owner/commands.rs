@@ -254,10 +254,14 @@ impl Owner {
             spec,
             workspace_from: request.workspace_from,
         };
-        create::prepare_dirs(&paths, id, request.workspace_from.is_some())?;
+        let fresh = request
+            .workspace_from
+            .is_none()
+            .then_some(record.workspace.as_path());
+        create::prepare_dirs(&paths, id, fresh)?;
         self.store.save(&record)?;
         if let Some(from) = request.workspace_from {
-            if let Err(e) = create::adopt(&paths, id, from) {
+            if let Err(e) = create::adopt(&paths, id, &self.ctx.backend.workspace(from)) {
                 // Nothing moved: take the record back so no computer names a
                 // workspace it does not have.
                 if let Err(undo) = self.store.delete(id, false) {
