@@ -44,6 +44,9 @@ struct Cycle {
 }
 
 #[tokio::main(flavor = "current_thread")]
+// Over 100 lines on purpose: the benchmark's measurements in the order
+// they run, each beside its baseline in the same run; apart, that order
+// (which the figures depend on) would be spread over helpers.
 async fn main() {
     let cycles = parse_cycles();
     let Some(desktop) = Desktop::create("bench-ready") else {

@@ -112,6 +112,9 @@ fn fingerprint(status: &Value) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn bad_requests_change_nothing_on_a_real_desktop() {
     let test = "bad_requests_change_nothing_on_a_real_desktop";
     if !docker_available(test) {

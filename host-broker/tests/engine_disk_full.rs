@@ -102,6 +102,9 @@ fn check_records(data: &Path) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn a_guest_that_fills_the_disk_loses_no_broker_state() {
     let test = "a_guest_that_fills_the_disk_loses_no_broker_state";
     if !nix::unistd::geteuid().is_root() {

@@ -46,6 +46,9 @@ fn inspect(name: &str, format: &str) -> String {
 }
 
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks() {
     let test = "the_docker_adapter_creates_hardened_containers_that_pass_the_resume_checks";
     if !docker_available(test) {
@@ -61,7 +64,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, false).unwrap();
+    create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
     let mut spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
@@ -209,7 +212,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
     let engine = DockerEngine::connect().await.unwrap();
     let config = broker_config(data.path(), &image_id, &guard);
     let id = Uuid::new_v4();
-    create::prepare_dirs(&paths, id, false).unwrap();
+    create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
     let image = engine.image(&image_id).await.unwrap().unwrap();
     let docker = DockerConfig::from_broker(&config);
     let mut spec: ContainerSpec =
@@ -321,7 +324,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
     ];
     for (extra, field) in cases {
         let id = Uuid::new_v4();
-        create::prepare_dirs(&paths, id, false).unwrap();
+        create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
         let spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
         let mut args = create_flags(&spec);
         args.extend(extra.iter().map(|s| (*s).to_string()));
@@ -362,6 +365,9 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
 
 /// The whole lifecycle with the real desktop image.
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn create_ready_stop_start_ready_with_the_real_image() {
     let test = "create_ready_stop_start_ready_with_the_real_image";
     if !docker_available(test) {

@@ -57,6 +57,9 @@ impl GuestRelay for Command {
 }
 
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn a_broker_reaches_its_desktops_only_through_the_bridge() {
     let test = "a_broker_reaches_its_desktops_only_through_the_bridge";
     if !docker_available(test) {

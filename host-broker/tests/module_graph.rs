@@ -248,3 +248,68 @@ fn the_core_links_no_engine_client_and_no_http_server_at_all() {
         );
     }
 }
+
+/// Most lines a source file may have.
+const MAX_FILE_LINES: usize = 700;
+
+/// Integration-test files that are over [`MAX_FILE_LINES`] today, each with
+/// the length it may not grow past: the guard still fails when one grows,
+/// and when one shrinks under its ceiling (so the ceiling is lowered, or the
+/// line removed once it fits).
+const OVER_LENGTH_TESTS: [(&str, usize); 6] = [
+    ("tests/tests/workspace.rs", 985),
+    ("guest-supervisor/tests/actions.rs", 955),
+    ("host-broker/tests/api_daemon.rs", 859),
+    ("host-broker/tests/workspace_archive.rs", 833),
+    ("guest-supervisor/tests/container.rs", 781),
+    ("host-broker/tests/api_router.rs", 714),
+];
+
+/// Every `.rs` file of the workspace under `dir`, `target/` and hidden
+/// directories left out.
+fn workspace_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                workspace_sources(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_source_file_is_over_700_lines() {
+    let workspace = root().parent().unwrap();
+    let mut files = Vec::new();
+    workspace_sources(workspace, &mut files);
+    assert!(
+        files.len() > 100,
+        "the walk found the workspace's sources: {}",
+        files.len()
+    );
+    let ceilings: BTreeMap<&str, usize> = OVER_LENGTH_TESTS.into_iter().collect();
+    let mut wrong = Vec::new();
+    for path in &files {
+        let text = fs::read_to_string(path).unwrap();
+        if text.starts_with("// @generated") {
+            continue;
+        }
+        let lines = text.lines().count();
+        let shown = path.strip_prefix(workspace).unwrap().display().to_string();
+        match ceilings.get(shown.as_str()) {
+            Some(&ceiling) if lines != ceiling => wrong.push(format!(
+                "{shown}: {lines} lines, its ceiling is {ceiling}: lower the ceiling (or split it)"
+            )),
+            Some(_) => {}
+            None if lines > MAX_FILE_LINES => wrong.push(format!(
+                "{shown}: {lines} lines, at most {MAX_FILE_LINES}: split it by concern"
+            )),
+            None => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

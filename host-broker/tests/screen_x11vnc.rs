@@ -112,6 +112,9 @@ async fn viewer(ws: &str, grant: &ScreenGrant) -> RfbViewer {
 }
 
 #[tokio::test]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn view_input_never_reaches_x11vnc_and_control_input_does() {
     let test = "screen_x11vnc";
     if !docker_available(test) {

@@ -103,6 +103,14 @@ pub trait Answer: Sized {
     fn from_response(response: crate::Response) -> Result<Self, crate::Response>;
     /// Wraps it into a response.
     fn into_response(self) -> crate::Response;
+    /// Whether `payload` is what this answer says it carries: for an
+    /// answer declared `payload checked`, its own `check_payload` (declared
+    /// beside the table); for any other, always. A client runs it on every
+    /// answer it reads, so a caller never sees a payload that breaks it.
+    ///
+    /// # Errors
+    /// Why the payload is malformed.
+    fn check(&self, payload: &[u8]) -> Result<(), &'static str>;
 }
 
 /// A request with a typed answer: one struct per
@@ -134,6 +142,7 @@ pub trait Call: Into<crate::Request> {
 ///         "kind" => Variant(Type);                                // a newtype answer
 ///         "kind" => Variant { field: Type, ... } as Struct;       // a struct answer
 ///         "kind" => Variant(Type), payload;                       // may carry a payload
+///         "kind" => Variant(Type), payload checked;               // ... that `Type::check_payload` checks
 ///     }
 /// }
 /// ```
@@ -168,7 +177,7 @@ macro_rules! guest_protocol {
                 $akind:literal => $resp:ident
                     $( ( $aty:ty ) )?
                     $( { $( $(#[$afmeta:meta])* $afield:ident : $afty:ty ),* $(,)? } as $asty:ident )?
-                    $( , $apayload:ident )? ;
+                    $( , $apayload:ident $( $acheck:ident )? )? ;
             )*
         }
     ) => {
@@ -280,7 +289,8 @@ macro_rules! guest_protocol {
         $(
             $crate::guest_protocol!(@answer $akind, $resp
                 $( ( $aty ) )?
-                $( { $( $(#[$afmeta])* $afield : $afty ),* } as $asty )?);
+                $( { $( $(#[$afmeta])* $afield : $afty ),* } as $asty )?
+                ; $( $( $acheck )? )?);
         )*
 
         /// One typed call per [`Request`] variant: send it with
@@ -384,7 +394,15 @@ macro_rules! guest_protocol {
     (@payload) => { false };
     (@payload payload) => { true };
 
-    (@answer $akind:literal, $resp:ident ( $aty:ty )) => {
+    (@check $this:ident $payload:ident) => {{
+        let _ = ($this, $payload);
+        Ok(())
+    }};
+    (@check $this:ident $payload:ident checked) => {
+        $this.check_payload($payload)
+    };
+
+    (@answer $akind:literal, $resp:ident ( $aty:ty ) ; $( $acheck:ident )?) => {
         impl $crate::Answer for $aty {
             const KIND: &'static str = $akind;
             fn from_response(response: Response) -> Result<Self, Response> {
@@ -396,10 +414,13 @@ macro_rules! guest_protocol {
             fn into_response(self) -> Response {
                 Response::$resp(self)
             }
+            fn check(&self, payload: &[u8]) -> Result<(), &'static str> {
+                $crate::guest_protocol!(@check self payload $( $acheck )?)
+            }
         }
     };
     (@answer $akind:literal, $resp:ident
-        { $( $(#[$afmeta:meta])* $afield:ident : $afty:ty ),* } as $asty:ident) => {
+        { $( $(#[$afmeta:meta])* $afield:ident : $afty:ty ),* } as $asty:ident ; $( $acheck:ident )?) => {
         #[doc = concat!("The content of a `", $akind, "` response.")]
         #[derive(Debug, Clone, PartialEq)]
         pub struct $asty {
@@ -416,6 +437,9 @@ macro_rules! guest_protocol {
             fn into_response(self) -> Response {
                 let $asty { $( $afield ),* } = self;
                 Response::$resp { $( $afield ),* }
+            }
+            fn check(&self, payload: &[u8]) -> Result<(), &'static str> {
+                $crate::guest_protocol!(@check self payload $( $acheck )?)
             }
         }
     };

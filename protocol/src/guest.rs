@@ -224,7 +224,7 @@ crate::guest_protocol! {
             width: u32,
             /// Height in pixels.
             height: u32,
-        } as ScreenshotInfo, payload;
+        } as ScreenshotInfo, payload checked;
         /// Answer to [`Request::Quiesce`].
         "quiesced" => Quiesced(Quiesced);
         /// Answer to [`Request::Activity`].
@@ -249,10 +249,46 @@ crate::guest_protocol! {
             has_text: bool,
             /// Whether the text was longer than [`MAX_CLIPBOARD_BYTES`].
             truncated: bool,
-        } as ClipboardText, payload;
+        } as ClipboardText, payload checked;
         /// Answer to [`Request::EgressAccept`]: what a guest program asked
         /// for; the payload is written upstream first.
         "egress_open" => EgressOpen(crate::egress::EgressOpen), payload;
+    }
+}
+
+impl ScreenshotInfo {
+    /// The payload is a PNG (by its signature).
+    fn check_payload(&self, payload: &[u8]) -> Result<(), &'static str> {
+        if payload.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Ok(())
+        } else {
+            Err("screenshot payload is not a PNG")
+        }
+    }
+}
+
+impl ClipboardText {
+    /// The text `payload` carries: `None` without `has_text`; refused when
+    /// it is longer than [`MAX_CLIPBOARD_BYTES`] or not UTF-8. The text is
+    /// the guest's and hostile: escape it before it reaches a log or a
+    /// terminal.
+    ///
+    /// # Errors
+    /// Why the payload is not the text this answer says it is.
+    pub fn text<'a>(&self, payload: &'a [u8]) -> Result<Option<&'a str>, &'static str> {
+        if !self.has_text {
+            return Ok(None);
+        }
+        if payload.len() > MAX_CLIPBOARD_BYTES {
+            return Err("clipboard text over its bound");
+        }
+        std::str::from_utf8(payload)
+            .map(Some)
+            .map_err(|_| "clipboard text is not UTF-8")
+    }
+
+    fn check_payload(&self, payload: &[u8]) -> Result<(), &'static str> {
+        self.text(payload).map(drop)
     }
 }
 
@@ -354,6 +390,35 @@ mod tests {
         // A wrong-kind answer is handed back, not misread.
         let other = Response::error("x", "y");
         assert_eq!(Quiesced::from_response(other.clone()), Err(other));
+    }
+
+    #[test]
+    fn a_checked_answer_refuses_a_payload_that_breaks_it() {
+        let shot = ScreenshotInfo {
+            width: 1,
+            height: 1,
+        };
+        assert_eq!(shot.check(b"\x89PNG\r\n\x1a\nrest"), Ok(()));
+        assert!(shot.check(b"GIF89a").is_err());
+        let text = ClipboardText {
+            has_text: true,
+            truncated: false,
+        };
+        assert_eq!(text.text("copié".as_bytes()), Ok(Some("copié")));
+        assert!(text.check(b"\xff\xfe").is_err());
+        assert!(text.check(&vec![b'a'; MAX_CLIPBOARD_BYTES + 1]).is_err());
+        let none = ClipboardText {
+            has_text: false,
+            truncated: false,
+        };
+        assert_eq!(none.text(b"ignored"), Ok(None));
+        // An answer declared without `checked` takes any payload.
+        let quiet = Quiesced {
+            closed: vec![],
+            complete: true,
+            elapsed_ms: 0,
+        };
+        assert_eq!(quiet.check(b"anything"), Ok(()));
     }
 
     /// A service that answers from fixed values and records what the

@@ -77,6 +77,9 @@ async fn actions_drive_a_real_desktop_exactly() -> Result<()> {
     result
 }
 
+// Over 100 lines on purpose: one scenario on one desktop, its steps in
+// order, each checking the state the step before it left; apart, the story
+// a reader follows would be spread over helpers that each need it all.
 async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let api = broker.client();
     let mut events = EventStream::open(&api).await?;

@@ -95,6 +95,9 @@ async fn exec(api: &ApiClient, id: Uuid, request: &ExecRequest) -> Result<ExecRe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn exec_runs_as_the_desktop_user_and_ends_confirmed() -> Result<()> {
     let Some(image) = setup("exec_runs_as_the_desktop_user_and_ends_confirmed") else {
         return Ok(());

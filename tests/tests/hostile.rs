@@ -356,6 +356,9 @@ async fn a_status_flood_from_a_guest_costs_the_broker_bounded_memory() -> Result
     with_log(&broker, result)
 }
 
+// Over 100 lines on purpose: one real-engine test told in order (set up,
+// act, witness, clean up); its steps share the desktop and the witnesses,
+// and apart the order a reader must check would be spread over helpers.
 async fn flood(broker: &mut BrokerProcess) -> Result<()> {
     let api = broker.client();
     let target = ready_desktop(&api, "flooded").await?;

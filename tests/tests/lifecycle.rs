@@ -102,6 +102,9 @@ async fn stop_and_kill_keep_every_marker() -> Result<()> {
     with_broker_log(&broker, result)
 }
 
+// Over 100 lines on purpose: one scenario on one desktop, its steps in
+// order, each checking the state the step before it left; apart, the story
+// a reader follows would be spread over helpers that each need it all.
 async fn stop_and_kill_keep_every_marker_scenario(
     broker: &mut BrokerProcess,
     mut api: ApiClient,
@@ -229,6 +232,9 @@ async fn broker_killed_mid_stop_reconciles() -> Result<()> {
     with_broker_log(&broker, result)
 }
 
+// Over 100 lines on purpose: one scenario on one desktop, its steps in
+// order, each checking the state the step before it left; apart, the story
+// a reader follows would be spread over helpers that each need it all.
 async fn broker_killed_mid_stop_reconciles_scenario(
     broker: &mut BrokerProcess,
     api: ApiClient,

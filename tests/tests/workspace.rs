@@ -170,6 +170,9 @@ async fn stopped_desktop_files_disk_and_hostile_archives() -> Result<()> {
     with_log(&broker, result)
 }
 
+// Over 100 lines on purpose: one scenario on one desktop, its steps in
+// order, each checking the state the step before it left; apart, the story
+// a reader follows would be spread over helpers that each need it all.
 async fn stopped_scenario(broker: &BrokerProcess) -> Result<()> {
     let (api, mut events, id) = ready_desktop(broker, "files").await?;
     let guest = Guest::for_computer(id);

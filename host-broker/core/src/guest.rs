@@ -25,7 +25,7 @@ use std::time::Duration;
 use dormouse_protocol::frame::{self, Frame, Taming};
 use dormouse_protocol::stream::{self, ReadLimits, StreamError};
 use dormouse_protocol::{
-    call, Activity, Answer, Call, FrameError, GuestStatus, Hello, Quiesced, Request, Response,
+    call, Answer, Call, FrameError, GuestStatus, Hello, Quiesced, Request, Response,
     PROTOCOL_VERSION,
 };
 use nix::fcntl::OFlag;
@@ -314,6 +314,22 @@ impl GuestSocket {
         Ok(GuestConnection { stream })
     }
 
+    /// One connection's worth of request: connect, send `request`, wait up
+    /// to [`REQUEST_TIMEOUT`] for its checked answer
+    /// ([`GuestConnection::call`]), hang up.
+    pub async fn call<C: Call>(&self, request: C) -> Result<Frame<C::Answer>, GuestError> {
+        self.connect().await?.call(request).await
+    }
+
+    /// [`GuestSocket::call`], waiting up to `wait` for the answer.
+    pub async fn call_within<C: Call>(
+        &self,
+        request: C,
+        wait: Duration,
+    ) -> Result<Frame<C::Answer>, GuestError> {
+        self.connect().await?.call_within(request, wait).await
+    }
+
     /// A raw stream to the desktop's VNC socket (`vnc.sock` beside the
     /// supervisor socket), opened by the same rules: race-free and
     /// owner-checked in the run directory, or through the relay.
@@ -364,8 +380,10 @@ impl GuestConnection {
     }
 
     /// Sends `request` and waits up to `wait` for its answer: of the kind
-    /// the declaration gives it ([`Call::Answer`]); an error answer is
-    /// [`GuestError::Refused`], any other kind [`GuestError::Unexpected`].
+    /// the declaration gives it ([`Call::Answer`]), with a payload its
+    /// [`Answer::check`] accepts; an error answer is
+    /// [`GuestError::Refused`], any other kind [`GuestError::Unexpected`],
+    /// a payload the answer refuses [`GuestError::Frame`].
     pub async fn call_within<C: Call>(
         &mut self,
         request: C,
@@ -373,10 +391,7 @@ impl GuestConnection {
     ) -> Result<Frame<C::Answer>, GuestError> {
         self.send(&request.into()).await?;
         let answer = self.receive(Some(wait)).await?;
-        Ok(Frame {
-            message: typed::<C::Answer>(C::KIND, answer.message)?,
-            payload: answer.payload,
-        })
+        checked::<C::Answer>(C::KIND, answer)
     }
 
     /// Versions and container-start identity; refuses a newer protocol.
@@ -386,16 +401,6 @@ impl GuestConnection {
             return Err(GuestError::Incompatible(hello.protocol_version));
         }
         Ok(hello)
-    }
-
-    /// The guest's status now.
-    pub async fn status(&mut self) -> Result<GuestStatus, GuestError> {
-        Ok(self.call(call::Status).await?.message)
-    }
-
-    /// Input idle time and busy processes.
-    pub async fn activity(&mut self) -> Result<Activity, GuestError> {
-        Ok(self.call(call::Activity).await?.message)
     }
 
     /// Asks the guest to close browsers cleanly, within `limit`.
@@ -427,19 +432,6 @@ impl GuestConnection {
         Ok((done, QuiesceHold { _conn: self }))
     }
 
-    /// A PNG of the whole screen.
-    pub async fn screenshot(&mut self) -> Result<Vec<u8>, GuestError> {
-        let answer = self
-            .call_within(call::Screenshot, SCREENSHOT_TIMEOUT)
-            .await?;
-        if !answer.payload.starts_with(b"\x89PNG\r\n\x1a\n") {
-            return Err(GuestError::Frame(FrameError::Malformed(
-                "screenshot payload is not a PNG".into(),
-            )));
-        }
-        Ok(answer.payload)
-    }
-
     /// Runs a batch of actions, waiting up to `wait` for its answer: the
     /// results and the payload holding their images. The results may be
     /// as many as a batch has actions (more than [`Taming::GUEST`] keeps of
@@ -461,10 +453,7 @@ impl GuestConnection {
         let answer: Frame<Response> = stream::read_frame(&mut self.stream, &limits)
             .await
             .map_err(GuestError::from_stream)?;
-        Ok(Frame {
-            message: typed::<Answer>(<call::Actions as Call>::KIND, answer.message)?,
-            payload: answer.payload,
-        })
+        checked::<Answer>(<call::Actions as Call>::KIND, answer)
     }
 
     /// Turns the connection into a `watch` stream.
@@ -498,6 +487,19 @@ fn typed<A: Answer>(to: &'static str, response: Response) -> Result<A, GuestErro
     }
 }
 
+/// The answer `A` to the request of kind `to` and its payload, checked by
+/// [`Answer::check`], or why `frame` is not one.
+fn checked<A: Answer>(to: &'static str, frame: Frame<Response>) -> Result<Frame<A>, GuestError> {
+    let message = typed::<A>(to, frame.message)?;
+    message
+        .check(&frame.payload)
+        .map_err(|why| GuestError::Frame(FrameError::Malformed(why.into())))?;
+    Ok(Frame {
+        message,
+        payload: frame.payload,
+    })
+}
+
 /// A `watch` stream: every status change the supervisor pushes.
 #[derive(Debug)]
 pub struct GuestWatch {
@@ -508,40 +510,13 @@ impl GuestWatch {
     /// The next status; waits as long as the guest is quiet.
     pub async fn next(&mut self) -> Result<GuestStatus, GuestError> {
         let answer = self.conn.receive(None).await?;
-        typed::<<call::Watch as Call>::Answer>(<call::Watch as Call>::KIND, answer.message)
+        Ok(checked::<<call::Watch as Call>::Answer>(<call::Watch as Call>::KIND, answer)?.message)
     }
-}
-
-/// One connection's worth of request: connect, ask, hang up.
-pub async fn activity(socket: &GuestSocket) -> Result<Activity, GuestError> {
-    socket.connect().await?.activity().await
 }
 
 /// Connect and quiesce within `limit`.
 pub async fn quiesce(socket: &GuestSocket, limit: Duration) -> Result<Quiesced, GuestError> {
     socket.connect().await?.quiesce(limit).await
-}
-
-/// Connect and take a screenshot.
-pub async fn screenshot(socket: &GuestSocket) -> Result<Vec<u8>, GuestError> {
-    socket.connect().await?.screenshot().await
-}
-
-/// Connect and read the guest's clipboard text (the X `CLIPBOARD`
-/// selection); `None` when it holds no text. The text is the guest's and
-/// hostile: escape it ([`sanitize`]) before it reaches a log or a terminal.
-pub async fn clipboard(socket: &GuestSocket) -> Result<Option<String>, GuestError> {
-    let answer = socket.connect().await?.call(call::ClipboardGet).await?;
-    if !answer.message.has_text {
-        return Ok(None);
-    }
-    let malformed = |why: &str| GuestError::Frame(FrameError::Malformed(why.into()));
-    if answer.payload.len() > dormouse_protocol::guest::MAX_CLIPBOARD_BYTES {
-        return Err(malformed("clipboard text over its bound"));
-    }
-    let text =
-        String::from_utf8(answer.payload).map_err(|_| malformed("clipboard text is not UTF-8"))?;
-    Ok(Some(text))
 }
 
 /// What a follower reports about the guest.

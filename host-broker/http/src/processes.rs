@@ -126,6 +126,9 @@ fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
 /// the broker stops or the session's generation is fenced off (`revoked`).
 /// Returning drops the guest connection, which ends the session in the
 /// guest.
+// Over 100 lines on purpose: the session's two directions and the
+// `select!` that ends it (the client leaves, the session ends, shutdown,
+// revocation) share both streams; apart, each helper would need them all.
 async fn bridge(
     socket: WebSocket,
     pty: GuestPty,

@@ -286,6 +286,9 @@ pub fn main(args: DaemonArgs) -> Result<(), DaemonError> {
 }
 
 /// The daemon on an existing runtime; `activation` are systemd's sockets.
+// Over 100 lines on purpose: the daemon's start-up in order (backend,
+// owner, listeners, READY=1, signals, shutdown); each step is a call, and
+// apart the order systemd relies on would not be visible in one place.
 pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonError> {
     let data_dir = args.data_dir()?;
     prepare_data_dir(&data_dir)?;

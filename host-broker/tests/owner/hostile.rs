@@ -117,7 +117,7 @@ async fn an_adoption_cut_short_by_a_crash_is_finished_at_start_up() {
     record.id = new;
     record.workspace = rig.paths().workspace(new);
     record.workspace_from = Some(old);
-    dormouse_core::lifecycle::create::prepare_dirs(&rig.paths(), new, true).unwrap();
+    dormouse_core::lifecycle::create::prepare_dirs(&rig.paths(), new, None).unwrap();
     store.save(&record).unwrap();
     let rig = rig.crash_and_restart().await;
     assert!(rig.paths().workspace(new).join("kept").exists());

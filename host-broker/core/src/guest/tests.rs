@@ -3,7 +3,8 @@
 
 use std::os::unix::fs::symlink;
 
-use dormouse_protocol::{ContainerStartIdentity, FrameHeader, Phase};
+use dormouse_protocol::guest::ClipboardText;
+use dormouse_protocol::{Activity, ContainerStartIdentity, FrameHeader, Phase};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixListener;
 
@@ -86,11 +87,15 @@ async fn a_well_behaved_guest_answers() {
         PROTOCOL_VERSION
     );
     assert_eq!(
-        conn.activity().await.expect("activity").input_idle_ms,
+        conn.call(call::Activity)
+            .await
+            .expect("activity")
+            .message
+            .input_idle_ms,
         Some(5)
     );
     assert!(matches!(
-        conn.status().await,
+        conn.call(call::Status).await,
         Err(GuestError::Refused { .. })
     ));
 }
@@ -114,10 +119,17 @@ async fn the_clipboard_is_its_text_and_bad_text_is_refused() {
             };
             frame::encode(&answer, payload).expect("encode")
         }));
-        let got = clipboard(&GuestSocket::new(&path)).await;
+        let got = GuestSocket::new(&path).call(call::ClipboardGet).await;
+        let text = |answer: Frame<ClipboardText>| {
+            answer
+                .message
+                .text(&answer.payload)
+                .expect("checked")
+                .map(str::to_owned)
+        };
         match i {
-            0 => assert_eq!(got.expect("text"), Some("copié".to_owned())),
-            1 => assert_eq!(got.expect("no text"), None),
+            0 => assert_eq!(got.map(text).expect("text"), Some("copié".to_owned())),
+            1 => assert_eq!(got.map(text).expect("no text"), None),
             _ => assert!(matches!(got, Err(GuestError::Frame(_))), "{got:?}"),
         }
     }
@@ -217,11 +229,11 @@ async fn garbage_and_wrong_kinds_and_payloads_are_errors() {
         Err(GuestError::Frame(FrameError::UnknownKind(_)))
     ));
     assert!(matches!(
-        conn.status().await,
+        conn.call(call::Status).await,
         Err(GuestError::Unexpected { .. })
     ));
     assert!(matches!(
-        conn.activity().await,
+        conn.call(call::Activity).await,
         Err(GuestError::Frame(FrameError::Malformed(_)))
     ));
 }
@@ -311,7 +323,7 @@ async fn guest_text_is_escaped_and_capped_on_arrival() {
         _ => frame::encode(&Response::error(evil, evil), &[]).expect("encode"),
     }));
     let mut conn = GuestSocket::new(&path).connect().await.expect("connect");
-    let got = conn.status().await.expect("status");
+    let got = conn.call(call::Status).await.expect("status").message;
     let clean = |s: &str| {
         assert!(
             !s.chars().any(frame::is_hazardous),

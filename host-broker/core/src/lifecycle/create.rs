@@ -9,6 +9,7 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::{LABEL_PROTOCOL, PROTOCOL_VERSION};
@@ -141,17 +142,20 @@ pub async fn resolve_image(backend: &dyn Backend, reference: &str) -> Result<Ima
     Ok(image)
 }
 
-/// Makes the computer's directories: the run directory (0700, the broker's)
-/// and, unless it adopts one, the workspace, owned by the desk user so uid
-/// 1000 can use it in the guest. An adopted workspace is moved in later
+/// Makes the computer's directories: its directory in the store and the
+/// run directory (0700, the broker's; both the store's layout, from
+/// `paths`) and `workspace`, the path the backend gives it
+/// ([`Backend::workspace`](crate::engine::Backend::workspace), as the record
+/// holds it), owned by the desk user so uid 1000 can use it in the guest.
+/// `None` when it adopts one: an adopted workspace is moved in later
 /// ([`adopt`]), once the record that names it is on disk.
-pub fn prepare_dirs(paths: &Paths, id: Uuid, adopting: bool) -> Result<(), StoreError> {
+pub fn prepare_dirs(paths: &Paths, id: Uuid, workspace: Option<&Path>) -> Result<(), StoreError> {
     ensure_dir(&paths.computer_dir(id))?;
     ensure_dir(&paths.run_dir(id))?;
-    if adopting {
+    let Some(workspace) = workspace else {
         return Ok(());
-    }
-    let workspace = paths.workspace(id);
+    };
+    let workspace = workspace.to_owned();
     match fs::create_dir(&workspace) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -170,21 +174,26 @@ pub fn prepare_dirs(paths: &Paths, id: Uuid, adopting: bool) -> Result<(), Store
             source: e,
         }
     })?;
-    chown_to_desk(paths, id);
+    chown_to_desk(&workspace);
     Ok(())
 }
 
-/// Moves the kept workspace of `from` into computer `id` (whose record,
-/// naming `from`, is already persisted).
-pub fn adopt(paths: &Paths, id: Uuid, from: Uuid) -> Result<(), StoreError> {
-    crate::store::computer::adopt_workspace(paths, &paths.workspace(from), id)?;
-    chown_to_desk(paths, id);
+/// Moves `from`, the kept workspace of a removed computer (the path the
+/// backend gives it, [`Backend::workspace`](crate::engine::Backend::workspace)),
+/// into computer `id`, whose record, naming it, is already persisted.
+///
+/// Where it lands is the store's (`paths`), not the backend's: the store's
+/// crash recovery (`ComputerStore::finish_adoption`) finishes an
+/// interrupted move at start-up, before any backend is asked, and must find
+/// the same place.
+pub fn adopt(paths: &Paths, id: Uuid, from: &Path) -> Result<(), StoreError> {
+    crate::store::computer::adopt_workspace(paths, from, id)?;
+    chown_to_desk(&paths.workspace(id));
     Ok(())
 }
 
-fn chown_to_desk(paths: &Paths, id: Uuid) {
-    let workspace = paths.workspace(id);
-    if let Err(e) = std::os::unix::fs::chown(&workspace, Some(DESK_UID), Some(DESK_UID)) {
+fn chown_to_desk(workspace: &Path) {
+    if let Err(e) = std::os::unix::fs::chown(workspace, Some(DESK_UID), Some(DESK_UID)) {
         // A broker without CAP_CHOWN (rootless) leaves it to the supervisor,
         // which owns the workspace as root in the guest and fixes it there.
         tracing::warn!(path = %workspace.display(), error = %e, "cannot chown the workspace to 1000:1000");
@@ -275,13 +284,13 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let paths = Paths::new(tmp.path());
         let old = Uuid::new_v4();
-        prepare_dirs(&paths, old, false).expect("dirs");
+        prepare_dirs(&paths, old, Some(&paths.workspace(old))).expect("dirs");
         fs::write(paths.workspace(old).join("kept"), "x").expect("write");
         let meta = fs::metadata(paths.run_dir(old)).expect("meta");
         assert_eq!(meta.permissions().mode() & 0o777, 0o700);
         let new = Uuid::new_v4();
-        prepare_dirs(&paths, new, true).expect("dirs");
-        adopt(&paths, new, old).expect("adopt");
+        prepare_dirs(&paths, new, None).expect("dirs");
+        adopt(&paths, new, &paths.workspace(old)).expect("adopt");
         assert!(paths.workspace(new).join("kept").exists());
         assert!(!paths.workspace(old).exists());
     }

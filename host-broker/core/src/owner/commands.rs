@@ -257,11 +257,15 @@ impl Owner {
             workspace_from: request.workspace_from,
             egress: Some(self.create_egress(request)?),
         };
-        create::prepare_dirs(&paths, id, request.workspace_from.is_some())?;
+        let fresh = request
+            .workspace_from
+            .is_none()
+            .then_some(record.workspace.as_path());
+        create::prepare_dirs(&paths, id, fresh)?;
         self.store.save(&record)?;
         self.publish_egress(&record);
         if let Some(from) = request.workspace_from {
-            if let Err(e) = create::adopt(&paths, id, from) {
+            if let Err(e) = create::adopt(&paths, id, &self.ctx.backend.workspace(from)) {
                 // Nothing moved: take the record back so no computer names a
                 // workspace it does not have.
                 if let Err(undo) = self.store.delete(id, false) {

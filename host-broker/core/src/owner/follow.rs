@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use dormouse_protocol::api::StopReason;
-use dormouse_protocol::{Activity, Phase};
+use dormouse_protocol::{call, Activity, Phase};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -355,8 +355,9 @@ impl Owner {
         let tx = self.internal.clone();
         self.tasks.spawn(async move {
             let bound = guest::CONNECT_TIMEOUT + guest::REQUEST_TIMEOUT;
-            let activity = match tokio::time::timeout(bound, guest::activity(&socket)).await {
-                Ok(Ok(activity)) => Some(activity),
+            let activity = socket.call(call::Activity);
+            let activity = match tokio::time::timeout(bound, activity).await {
+                Ok(Ok(activity)) => Some(activity.message),
                 Ok(Err(e)) => {
                     tracing::debug!(computer = %id, error = %e, "no guest activity answer");
                     None

@@ -250,6 +250,12 @@ impl<R: Read> Read for Cancellable<R> {
 /// of computers with records, kept workspaces of removed ones, and staging
 /// slots of creates that never finished (whose directories, empty after
 /// recovery, are removed). Blocking: run it on the blocking pool.
+///
+/// It walks the data directory's own layout (`paths`), not
+/// [`Backend::workspace`](crate::engine::Backend::workspace): it runs at
+/// start-up before the backend is asked anything, and what it must find
+/// includes kept workspaces and staging slots of computers no record (and
+/// so no backend) knows any more; only the directory names them.
 pub fn recover_all(paths: &Paths) {
     let root = paths.computers();
     let Ok(entries) = std::fs::read_dir(&root) else {

@@ -26,6 +26,7 @@ pub mod actions;
 use std::time::Duration;
 
 use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::call;
 use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
 use dormouse_protocol::guest::PtyOpened;
 use tokio::net::UnixStream;
@@ -154,8 +155,11 @@ pub async fn terminal(
 /// A PNG of the admitted desktop's screen.
 pub async fn screenshot(ticket: &Ticket) -> Result<Vec<u8>, BrokerError> {
     let bound = guest::CONNECT_TIMEOUT + guest::SCREENSHOT_TIMEOUT;
-    match tokio::time::timeout(bound, guest::screenshot(&ticket.guest)).await {
-        Ok(result) => result.map_err(BrokerError::from),
+    let shot = ticket
+        .guest
+        .call_within(call::Screenshot, guest::SCREENSHOT_TIMEOUT);
+    match tokio::time::timeout(bound, shot).await {
+        Ok(result) => result.map(|frame| frame.payload).map_err(BrokerError::from),
         Err(_) => Err(BrokerError::GuestFailed("no screenshot in time".into())),
     }
 }

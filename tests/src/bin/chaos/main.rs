@@ -11,7 +11,6 @@
 //! Ctrl-C or SIGTERM.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,13 +24,17 @@ use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, EngineEventRecorder, Killed};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::latency::{ms, Samples};
-use dormouse_protocol::api::{ComputerStatus, ContainerState, CreateComputer, StopReason};
+use dormouse_protocol::api::{ComputerStatus, ContainerState, CreateComputer};
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use uuid::Uuid;
+
+mod moments;
+
+use moments::{check_reason, milestone, BrokerKill, Moment, MOMENTS};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const STOPPED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -60,62 +63,6 @@ struct Args {
     /// Print a timeline of every action and every pushed status.
     #[arg(long)]
     verbose: bool,
-}
-
-/// When in a desktop's life the kill lands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-enum Moment {
-    /// Right after the engine started the container.
-    Boot,
-    /// While the supervisor prepares the home, profiles and locks.
-    Prepare,
-    /// While services start and the self-probe runs.
-    Probe,
-    /// Once it is ready.
-    Ready,
-    /// During a graceful stop through the broker.
-    Stop,
-}
-
-const MOMENTS: [Moment; 5] = [
-    Moment::Boot,
-    Moment::Prepare,
-    Moment::Probe,
-    Moment::Ready,
-    Moment::Stop,
-];
-
-impl fmt::Display for Moment {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Boot => "boot",
-            Self::Prepare => "prepare",
-            Self::Probe => "probe",
-            Self::Ready => "ready",
-            Self::Stop => "stop",
-        })
-    }
-}
-
-/// Whether, and when, the broker dies in a cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BrokerKill {
-    Spared,
-    /// Killed just before the container: it must learn of the kill by
-    /// reconciling after its restart.
-    Before,
-    /// Killed just after the container.
-    After,
-}
-
-impl fmt::Display for BrokerKill {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Spared => "spared",
-            Self::Before => "killed-before",
-            Self::After => "killed-after",
-        })
-    }
 }
 
 /// A file written and fsynced before a kill, and what it must hold.
@@ -677,51 +624,6 @@ async fn start_retrying(api: &ApiClient, id: Uuid) -> Result<ComputerStatus> {
     }
 }
 
-/// The furthest milestone in the supervisor's log of one run: `boot` (no
-/// word yet), `prepare`, `services`, `probe`, `ready`, then, for a stop,
-/// `quiesced` (browsers closed) and `sigterm` (the engine's stop arrived).
-/// Diagnostic only: it reads the supervisor's human log lines.
-fn milestone(logs: &str) -> &'static str {
-    let milestones = [
-        ("stopping signal=", "sigterm"),
-        ("browsers closed", "quiesced"),
-        ("self-probe", "ready"),
-        ("service ready service=\"vnc\"", "probe"),
-        ("prepared", "services"),
-        ("supervisor starting", "prepare"),
-    ];
-    for (needle, name) in milestones {
-        let found = logs.lines().any(|line| {
-            line.contains(needle) && (needle != "self-probe" || line.contains("overall=Ok"))
-        });
-        if found {
-            return name;
-        }
-    }
-    "boot"
-}
-
-/// The reason a killed desktop shows must be one the broker can stand by:
-/// never `idle`, and `manual` only when a manual stop was under way.
-fn check_reason(moment: Moment, status: &ComputerStatus) -> Result<()> {
-    let fine = match status.stop_reason {
-        None | Some(StopReason::Killed) => true,
-        Some(StopReason::Manual) => moment == Moment::Stop,
-        Some(_) => false,
-    };
-    ensure!(
-        fine,
-        "a kill at {moment} shows stop_reason {:?}: {status:?}",
-        status.stop_reason
-    );
-    ensure!(
-        status.resumable,
-        "a killed desktop must be resumable: {:?}",
-        status.resumable_problem
-    );
-    Ok(())
-}
-
 /// Writes `contents` to `path` on the host (temp file, fsync, rename, fsync
 /// the directory) owned by the desktop user, as a host-side tool would.
 fn write_synced_on_host(dir: &Path, path: &Path, contents: &str) -> Result<()> {
@@ -749,46 +651,4 @@ async fn resolve_image(image: Option<&str>) -> Result<String> {
     engine::docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
         .await
         .with_context(|| format!("image {image} (run scripts/build-image)"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn milestones_follow_the_supervisor_log() {
-        assert_eq!(milestone(""), "boot");
-        assert_eq!(milestone("INFO supervisor starting version=1"), "prepare");
-        assert_eq!(milestone("x\nINFO prepared new_start=true"), "services");
-        assert_eq!(
-            milestone("INFO service ready service=\"vnc\" pid=14"),
-            "probe"
-        );
-        assert_eq!(milestone("INFO self-probe epoch=1 overall=Fail"), "boot");
-        assert_eq!(milestone("INFO self-probe epoch=7 overall=Ok"), "ready");
-        assert_eq!(milestone("INFO browsers closed closed=[]"), "quiesced");
-        assert_eq!(milestone("INFO stopping signal=SIGTERM"), "sigterm");
-    }
-
-    #[test]
-    fn a_kill_never_shows_idle_and_shows_manual_only_mid_stop() {
-        let mut status: ComputerStatus = serde_json::from_value(serde_json::json!({
-            "id": Uuid::nil(), "name": "x", "owner": "o", "container": "stopped",
-            "ready": false, "phase": null, "problem": null, "stop_reason": null,
-            "stopped_at": null, "resumable": true, "resumable_problem": null,
-            "generation": 1, "health": null, "image_id": "sha256:x", "idle": null
-        }))
-        .expect("a status");
-        assert!(check_reason(Moment::Ready, &status).is_ok());
-        status.stop_reason = Some(StopReason::Killed);
-        assert!(check_reason(Moment::Boot, &status).is_ok());
-        status.stop_reason = Some(StopReason::Manual);
-        assert!(check_reason(Moment::Ready, &status).is_err());
-        assert!(check_reason(Moment::Stop, &status).is_ok());
-        status.stop_reason = Some(StopReason::Idle);
-        assert!(check_reason(Moment::Stop, &status).is_err());
-        status.stop_reason = None;
-        status.resumable = false;
-        assert!(check_reason(Moment::Ready, &status).is_err());
-    }
 }
