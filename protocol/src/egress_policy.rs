@@ -540,6 +540,14 @@ pub struct EgressLogPage {
     pub more: bool,
 }
 
+/// `GET /v1/computers/{id}/egress/refused`: the last refused or failed
+/// connections, newest first (what the panel shows beside the mode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRefusals {
+    /// The entries, newest first.
+    pub entries: Vec<EgressLogEntry>,
+}
+
 /// The `since` of a log query: a sequence number, or a time (RFC 3339).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogSince {

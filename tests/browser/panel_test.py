@@ -313,6 +313,28 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
         ready_png = evidence / "panel-ready.png"
         driver.save_screenshot(str(ready_png))
 
+        # Web access on the card: the mode in words, and a refusal made in
+        # the desktop (egress is off by default) listed within seconds.
+        words = card.find_element(By.CSS_SELECTOR, ".egress").text
+        assert words.startswith("Off"), f"web access shown as {words!r}"
+        api_ = Api(base, token)
+        ran = api_.call("POST", f"/v1/computers/{cid}/exec", {
+            "command": "curl -s -o /dev/null -w '%{http_code}' http://refused.test/",
+            "timeout_ms": 30000,
+        })
+        assert ran["stdout"] == "403", f"the refusal in the desktop: {ran}"
+
+        def refusal_listed(d):
+            hosts = [e.text for e in d.find_elements(By.CSS_SELECTOR, card_sel + " .refused-list .host")]
+            return "refused.test:80" in hosts
+
+        wait_for(driver, refusal_listed, "the refused host on the card", timeout=15)
+        why = card.find_element(By.CSS_SELECTOR, ".refused-list li").text
+        assert "egress is off" in why, why
+        egress_png = evidence / "panel-egress.png"
+        driver.save_screenshot(str(egress_png))
+        log(f"web access: {words!r}; refused listed: {why!r}; evidence {egress_png}")
+
         requests = driver.execute_script("return window.__requests")
         states = driver.execute_script("return window.__startStates")
         starts = [r for r in requests if r["method"] == "POST" and r["url"].endswith(f"/{cid}/start")]

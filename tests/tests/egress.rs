@@ -290,6 +290,21 @@ async fn a_desktop_reaches_host_sites_by_name_under_its_policy() -> Result<()> {
             "{:#?}",
             log.entries
         );
+        // The last refusals, newest first, as the panel reads them: the
+        // newest refused entries of the full log, in reverse.
+        let last = api.egress_refused(id, 3).await?.entries;
+        let newest: Vec<u64> = log
+            .entries
+            .iter()
+            .rev()
+            .filter(|e| e.decision != EgressDecision::Allowed)
+            .take(3)
+            .map(|e| e.seq)
+            .collect();
+        ensure!(
+            last.iter().map(|e| e.seq).collect::<Vec<_>>() == newest && newest.len() == 3,
+            "refusals {last:#?} against the log {newest:?}"
+        );
 
         // A policy change cuts a live download within a second.
         api.set_egress(id, &policy(EgressMode::Allowlist, &allow, &[]))

@@ -37,7 +37,7 @@ use dormouse_protocol::api::{
     ApiError as ApiErrorBody, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, Orphan,
     PatchComputer, GENERATION_HEADER,
 };
-use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy};
+use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy, EgressRefusals};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
@@ -269,6 +269,17 @@ impl Client {
         self.call(
             Method::GET,
             &computer(id, &format!("/egress/log{query}")),
+            NO_BODY,
+        )
+        .await
+    }
+
+    /// `GET /v1/computers/{id}/egress/refused?limit=N`: its last refused
+    /// or failed connections, newest first.
+    pub async fn egress_refused(&self, id: Uuid, limit: usize) -> Result<EgressRefusals, Error> {
+        self.call(
+            Method::GET,
+            &computer(id, &format!("/egress/refused?limit={limit}")),
             NO_BODY,
         )
         .await

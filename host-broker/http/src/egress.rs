@@ -1,12 +1,13 @@
 //! Handlers of `/v1/computers/{id}/egress` (the policy, read and replaced
 //! live) and `/v1/computers/{id}/egress/log` (the audit, a page after
-//! `since`). They parse and call: the policy goes through the owner, the
-//! log is read from the egress service's ring.
+//! `since`) and `/v1/computers/{id}/egress/refused` (its last refusals,
+//! newest first). They parse and call: the policy goes through the owner,
+//! the log is read from the egress service's ring.
 
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::Json;
-use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy, LogSince};
+use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy, EgressRefusals, LogSince};
 
 use super::error::HttpError;
 use super::extract::{ComputerId, Generation, JsonBody};
@@ -46,13 +47,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LogQuery {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let mut query = Self::default();
-        for pair in parts.uri.query().unwrap_or("").split('&') {
-            if pair.is_empty() {
-                continue;
-            }
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value)
-                .ok_or_else(|| HttpError::bad_request("a query value is not valid UTF-8"))?;
+        for (key, value) in pairs(parts)? {
             match key {
                 "since" => {
                     query.since = Some(value.parse().map_err(
@@ -61,22 +56,69 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LogQuery {
                         },
                     )?);
                 }
-                "limit" => {
-                    let n: usize = value.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                        HttpError::bad_request("limit is a number from 1 to 1000")
-                    })?;
-                    query.limit = Some(n.min(dormouse_egress::audit::PAGE));
-                }
-                other => {
-                    let shown: String = other.chars().take(64).collect();
-                    return Err(HttpError::bad_request(format!(
-                        "unknown query parameter {shown:?}"
-                    )));
-                }
+                "limit" => query.limit = Some(limit(&value, dormouse_egress::audit::PAGE)?),
+                other => return Err(unknown(other)),
             }
         }
         Ok(query)
     }
+}
+
+/// Most refusals one `egress/refused` read answers.
+pub const MAX_REFUSALS: usize = 100;
+/// Refusals answered when `limit` is left out.
+const DEFAULT_REFUSALS: usize = 5;
+
+/// The query of a refusals read: `limit` only.
+#[derive(Debug)]
+pub struct RefusedQuery {
+    limit: usize,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RefusedQuery {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut query = Self {
+            limit: DEFAULT_REFUSALS,
+        };
+        for (key, value) in pairs(parts)? {
+            match key {
+                "limit" => query.limit = limit(&value, MAX_REFUSALS)?,
+                other => return Err(unknown(other)),
+            }
+        }
+        Ok(query)
+    }
+}
+
+/// The query's `key=value` pairs, values percent-decoded.
+fn pairs(parts: &Parts) -> Result<Vec<(&str, String)>, HttpError> {
+    let mut out = Vec::new();
+    for pair in parts.uri.query().unwrap_or("").split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)
+            .ok_or_else(|| HttpError::bad_request("a query value is not valid UTF-8"))?;
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+/// A `limit` from 1 to `max`.
+fn limit(value: &str, max: usize) -> Result<usize, HttpError> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| HttpError::bad_request(format!("limit is a number from 1 to {max}")))
+}
+
+fn unknown(key: &str) -> HttpError {
+    let shown: String = key.chars().take(64).collect();
+    HttpError::bad_request(format!("unknown query parameter {shown:?}"))
 }
 
 /// `%XX` escapes and `+` as a space, if the result is UTF-8.
@@ -123,6 +165,21 @@ pub async fn log(
         },
     };
     Ok(Json(page))
+}
+
+/// `GET /v1/computers/{id}/egress/refused?limit=…`: the last refused or
+/// failed connections, newest first.
+pub async fn refused(
+    State(state): State<ApiState>,
+    ComputerId(id): ComputerId,
+    query: RefusedQuery,
+) -> Result<Json<EgressRefusals>, HttpError> {
+    state.broker.egress(id, None, None).await?;
+    let entries = match &state.egress {
+        Some(egress) => egress.log(id).last_refused(query.limit),
+        None => Vec::new(),
+    };
+    Ok(Json(EgressRefusals { entries }))
 }
 
 #[cfg(test)]

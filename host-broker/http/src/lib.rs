@@ -197,6 +197,12 @@ impl Routes {
             )
             .add(
                 Token,
+                Method::GET,
+                "/v1/computers/{id}/egress/refused",
+                egress::refused,
+            )
+            .add(
+                Token,
                 Method::DELETE,
                 "/v1/computers/{id}",
                 computers::remove,

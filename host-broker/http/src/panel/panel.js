@@ -25,6 +25,8 @@
   const LEASE_RENEW_MS = 20 * 1000;
   const FIRST_FRAME_WAIT_MS = 3000;
   const PANEL_HOLDER = "panel";
+  const EGRESS_REFRESH_MS = 10000;
+  const REFUSED_SHOWN = 3;
 
   /** @type {Map<string, object>} id -> ComputerStatus */
   const computers = new Map();
@@ -34,6 +36,8 @@
   const acting = new Set();
   /** id -> { url, fetchedAt, loading, failed } */
   const previews = new Map();
+  /** id -> { policy, refused: [entry], fetchedAt, loading } (web access) */
+  const egress = new Map();
   /** id -> live screen session (see openScreen) */
   const screens = new Map();
   /** noVNC's RFB class, once loaded. */
@@ -124,6 +128,8 @@
         upsert(event.computer);
       } else if (event.type === "removed") {
         remove(event.id);
+      } else if (event.type === "egress" && event.entry) {
+        egressDecided(event.entry);
       }
     };
     ws.onclose = () => {
@@ -186,6 +192,7 @@
       dropPreview(status.id);
     }
     if (status.ready) ensureScreen(status.id);
+    if (!before) loadEgress(status.id);
     if (draw) render();
   }
 
@@ -194,6 +201,7 @@
     starting.delete(id);
     acting.delete(id);
     dropPreview(id);
+    egress.delete(id);
     closeScreen(id, false);
     if (draw) render();
   }
@@ -239,6 +247,89 @@
         loadPreview(id);
       }
     }
+  }
+
+  // ---- web access (egress) -----------------------------------------------------
+
+  /** Reads the policy and the last refusals of `id`. */
+  async function loadEgress(id) {
+    const entry = egress.get(id) || { policy: null, refused: [], fetchedAt: 0, loading: false };
+    if (entry.loading) return;
+    entry.loading = true;
+    egress.set(id, entry);
+    try {
+      const [policy, refused] = await Promise.all([
+        api("GET", "/v1/computers/" + id + "/egress").then((r) => r.json()),
+        api("GET", "/v1/computers/" + id + "/egress/refused?limit=" + REFUSED_SHOWN).then((r) => r.json()),
+      ]);
+      if (egress.get(id) !== entry) return;
+      entry.policy = policy;
+      entry.refused = refused.entries;
+    } catch (_) {
+      /* keep what was shown; the next refresh tries again */
+    } finally {
+      entry.loading = false;
+      entry.fetchedAt = Date.now();
+      render();
+    }
+  }
+
+  function refreshEgress() {
+    if (document.hidden) return;
+    for (const id of computers.keys()) {
+      const entry = egress.get(id);
+      if (!entry || (!entry.loading && Date.now() - entry.fetchedAt >= EGRESS_REFRESH_MS)) loadEgress(id);
+    }
+  }
+
+  /** An `egress` event: a refusal goes on top of the card's list at once. */
+  function egressDecided(e) {
+    if (e.decision === "allowed") return;
+    const entry = egress.get(e.computer);
+    if (!entry) return;
+    entry.refused = [e].concat(entry.refused).slice(0, REFUSED_SHOWN);
+    render();
+  }
+
+  function egressText(entry) {
+    if (!entry || !entry.policy) return "\u2014";
+    const p = entry.policy;
+    const rules = (n) => n + (n === 1 ? " rule" : " rules");
+    switch (p.mode) {
+      case "off":
+        return "Off \u00b7 no site reachable";
+      case "allowlist":
+        return "Allow list \u00b7 " + rules(p.allow.length) + (p.deny.length ? ", " + p.deny.length + " denied" : "");
+      case "open":
+        return "Open \u00b7 private ranges denied" + (p.deny.length ? ", " + rules(p.deny.length) + " denied" : "");
+      default:
+        return p.mode;
+    }
+  }
+
+  function drawRefused(li, entry) {
+    const box = li.querySelector(".refused");
+    const list = li.querySelector(".refused-list");
+    const shown = entry ? entry.refused : [];
+    box.hidden = shown.length === 0;
+    const key = shown.map((e) => e.seq + e.host + e.time).join("|");
+    if (list.dataset.key === key) return;
+    list.dataset.key = key;
+    list.replaceChildren(...shown.map((e) => {
+      const item = document.createElement("li");
+      const host = document.createElement("span");
+      host.className = "host";
+      host.textContent = e.host + ":" + e.port;
+      const why = document.createElement("span");
+      why.className = "why";
+      why.textContent = " \u2014 " + (e.reason || e.decision);
+      const at = document.createElement("time");
+      at.dateTime = e.time;
+      at.className = "why";
+      at.textContent = " (" + new Date(e.time).toLocaleTimeString() + ")";
+      item.append(host, why, at);
+      return item;
+    }));
   }
 
   // ---- live screen ---------------------------------------------------------
@@ -694,6 +785,8 @@
     q(".state").textContent = stateText(c);
     q(".readiness").textContent = readinessText(c);
     q(".idle").textContent = idleText(c);
+    q(".egress").textContent = egressText(egress.get(c.id));
+    drawRefused(li, egress.get(c.id));
 
     // Why it cannot start, unless a start is what is going on.
     const blocked = c.container !== "running" && !c.resumable && !starting.has(c.id);
@@ -785,6 +878,7 @@
       ws.close();
     }
     for (const id of Array.from(previews.keys())) dropPreview(id);
+    egress.clear();
     computers.clear();
     starting.clear();
     acting.clear();
@@ -833,6 +927,7 @@
     $("error-dismiss").addEventListener("click", hideError);
     setInterval(tickIdle, 1000);
     setInterval(refreshPreviews, 1000);
+    setInterval(refreshEgress, 1000);
     if (token) {
       signIn(token);
     } else {
