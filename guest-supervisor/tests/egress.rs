@@ -14,13 +14,14 @@
 
 mod support;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dormouse_e2e::docker;
 use dormouse_protocol::egress::{self, EgressForm, EgressOpen, EgressVerdict};
 use dormouse_protocol::exec::ExecRequest;
-use dormouse_protocol::{Request, Response};
+use dormouse_protocol::{splice, Request, Response};
 use support::{Client, Desktop};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -108,7 +109,8 @@ async fn broker(desktop: &Desktop, play: Play) -> tokio::task::JoinHandle<Egress
                 egress::write_verdict(&mut guest, &EgressVerdict::Connected, GUARD)
                     .await
                     .unwrap();
-                let _ = egress::relay(&mut guest, &mut upstream).await;
+                let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+                let _ = splice::relay(&guest, &upstream, &up, &down).await;
             }
             Play::Refuse(reason) => {
                 egress::write_verdict(&mut guest, &EgressVerdict::Refused { reason }, GUARD)

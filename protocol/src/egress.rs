@@ -31,7 +31,7 @@
 //!   [`EgressVerdict::Connected`] the guest answers a `CONNECT` client with
 //!   `HTTP/1.1 200 Connection established` (a plain-HTTP client gets the
 //!   upstream's own answer through the relay) and both sides relay raw
-//!   bytes ([`relay`]). On [`EgressVerdict::Refused`] the guest answers
+//!   bytes ([`crate::splice::relay`]). On [`EgressVerdict::Refused`] the guest answers
 //!   `403` with the reason (plain HTTP: a small HTML page saying the same),
 //!   on [`EgressVerdict::Failed`] `502`; the connection then closes.
 //! - The frame reader ([`crate::stream::read_frame`]) never reads past the
@@ -88,8 +88,6 @@ pub const MAX_EGRESS_MESSAGE: u32 = 4 * 1024;
 /// How long the guest waits for the verdict after sending `egress_open`
 /// (the broker resolves and dials within less).
 pub const VERDICT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bytes of each direction's buffer in [`relay`].
-pub const RELAY_BUFFER: usize = 64 * 1024;
 
 /// What the guest keeps of a verdict's text.
 pub const VERDICT_TAMING: Taming = Taming {
@@ -270,14 +268,14 @@ pub fn check_method(method: &str) -> Result<(), EgressError> {
 }
 
 #[cfg(any(feature = "tokio", test))]
-pub use io::{open_limits, read_verdict, relay, verdict_limits, write_verdict};
+pub use io::{open_limits, read_verdict, verdict_limits, write_verdict};
 
 #[cfg(any(feature = "tokio", test))]
 mod io {
     use tokio::io::{AsyncRead, AsyncWrite};
 
     use super::{
-        EgressVerdict, MAX_EGRESS_MESSAGE, MAX_OPEN_PAYLOAD, RELAY_BUFFER, VERDICT_TAMING,
+        EgressVerdict, MAX_EGRESS_MESSAGE, MAX_OPEN_PAYLOAD, VERDICT_TAMING,
         VERDICT_TIMEOUT,
     };
     use crate::frame::Taming;
@@ -306,7 +304,7 @@ mod io {
     }
 
     /// Reads the verdict frame and nothing after it: the raw bytes that
-    /// follow a [`EgressVerdict::Connected`] stay in `r` for [`relay`].
+    /// follow a [`EgressVerdict::Connected`] stay in `r` for [`crate::splice::relay`].
     pub async fn read_verdict<R: AsyncRead + Unpin>(
         r: &mut R,
     ) -> Result<EgressVerdict, StreamError> {
@@ -322,19 +320,6 @@ mod io {
         within: std::time::Duration,
     ) -> Result<(), StreamError> {
         stream::write_frame(w, verdict, &[], within).await
-    }
-
-    /// Relays raw bytes both ways between `a` and `b` with
-    /// [`RELAY_BUFFER`]-sized buffers until both directions ended: the end
-    /// of one side's stream shuts down the write side of the other, and the
-    /// other direction goes on. Returns the bytes carried `a → b` and
-    /// `b → a`.
-    pub async fn relay<A, B>(a: &mut A, b: &mut B) -> std::io::Result<(u64, u64)>
-    where
-        A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-        B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    {
-        tokio::io::copy_bidirectional_with_sizes(a, b, RELAY_BUFFER, RELAY_BUFFER).await
     }
 }
 

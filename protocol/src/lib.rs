@@ -20,6 +20,8 @@ pub mod health;
 pub mod local;
 pub mod screen;
 #[cfg(any(feature = "tokio", test))]
+pub mod splice;
+#[cfg(any(feature = "tokio", test))]
 pub mod stream;
 pub mod workspace;
 

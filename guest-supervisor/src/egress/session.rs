@@ -5,10 +5,13 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use dormouse_protocol::egress::{self, EgressForm, EgressVerdict};
 use dormouse_protocol::stream;
-use dormouse_protocol::Response;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use dormouse_protocol::{splice, Response};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use super::hub::{Handoff, Hub};
@@ -21,11 +24,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// `release` is called once the connection is parked (it gives back the
 /// guest socket's general connection slot: a parked or relaying egress
 /// connection is bounded by the hub and by the proxy's client cap).
-pub async fn serve<R, W>(hub: &Hub, rd: &mut R, wr: &mut W, io: Duration, release: impl FnOnce())
-where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
-{
+pub async fn serve(
+    hub: &Hub,
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    io: Duration,
+    release: impl FnOnce(),
+) {
     let parked = match hub.park() {
         Ok(rx) => rx,
         Err(e) => {
@@ -49,11 +54,7 @@ where
 
 /// Sends the client's request to the broker, answers the client by the
 /// verdict, and relays.
-async fn carry<R, W>(handoff: Handoff, rd: &mut R, wr: &mut W, io: Duration)
-where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
-{
+async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf, io: Duration) {
     let Handoff {
         mut client,
         open,
@@ -103,10 +104,12 @@ where
                 }
             }
             let _ = client.set_nodelay(true);
-            let mut broker = tokio::io::join(rd, wr);
-            match egress::relay(&mut client, &mut broker).await {
-                Ok((up, down)) => tracing::debug!(id, %authority, up, down, "egress closed"),
-                Err(e) => tracing::debug!(id, %authority, error = %e, "egress ended"),
+            let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+            let relayed = splice::relay(&client, rd.as_ref(), &up, &down).await;
+            let (up, down) = (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+            match relayed {
+                Ok(()) => tracing::debug!(id, %authority, up, down, "egress closed"),
+                Err(e) => tracing::debug!(id, %authority, up, down, error = %e, "egress ended"),
             }
         }
     }

@@ -77,6 +77,9 @@ impl GuestStream for EgressSession {
         };
         self.verdict(&verdict).await
     }
+    fn socket(&self) -> &tokio::net::UnixStream {
+        EgressSession::socket(self)
+    }
 }
 
 /// Parks connections over one desktop's guest channel.

@@ -10,25 +10,22 @@
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use chrono::Utc;
 use dormouse_protocol::egress_policy::{
     Destination, EgressDecision, EgressEnd, EgressKind, EgressLogEntry,
 };
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
+use dormouse_protocol::splice;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
 use crate::decide::{check_addresses, check_name, recheck, Pass};
 use crate::limits::Slot;
 use crate::service::Desk;
 
-/// Buffer of each direction of the pipe.
-pub const PIPE_BUFFER: usize = 256 * 1024;
 /// Longest host kept in an audit entry.
 const MAX_LOGGED_HOST: usize = 260;
 
@@ -56,55 +53,13 @@ pub enum Verdict {
     Failed(String),
 }
 
-/// A guest connection that has asked: it is told the verdict, then carries
-/// the bytes.
-pub trait GuestStream: AsyncRead + AsyncWrite + Unpin + Send {
+/// A guest connection that has asked: it is told the verdict, then its
+/// socket carries the bytes.
+pub trait GuestStream: Send {
     /// Sends the one verdict frame.
     fn send_verdict(&mut self, verdict: Verdict) -> impl Future<Output = io::Result<()>> + Send;
-}
-
-/// Counts the bytes of the upstream side: reads are bytes down, writes up.
-#[derive(Debug)]
-struct Counted<S> {
-    inner: S,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        self.down
-            .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = &r {
-            self.up
-                .fetch_add(u64::try_from(*n).unwrap_or(u64::MAX), Ordering::Relaxed);
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+    /// The socket the bytes go through after [`Verdict::Connected`].
+    fn socket(&self) -> &UnixStream;
 }
 
 /// The host as logged: escaped, capped.
@@ -246,30 +201,27 @@ async fn pipe<G: GuestStream>(
     desk: &Desk,
     open: &Open,
     mut guest: G,
-    upstream: TcpStream,
+    mut upstream: TcpStream,
     dest: &Destination,
     addr: SocketAddr,
 ) -> (EgressEnd, u64, u64) {
-    let up = Arc::new(AtomicU64::new(0));
-    let down = Arc::new(AtomicU64::new(0));
+    let up = AtomicU64::new(0);
+    let down = AtomicU64::new(0);
     let totals = || (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
     if let Err(e) = upstream.set_nodelay(true) {
         tracing::debug!(error = %e, "no TCP_NODELAY on an egress connection");
     }
-    let mut upstream = Counted {
-        inner: upstream,
-        up: Arc::clone(&up),
-        down: Arc::clone(&down),
-    };
     if guest.send_verdict(Verdict::Connected).await.is_err() {
         return (EgressEnd::Error, 0, 0);
     }
-    if !open.head.is_empty() && upstream.write_all(&open.head).await.is_err() {
-        let (u, d) = totals();
-        return (EgressEnd::Error, u, d);
+    if !open.head.is_empty() {
+        if upstream.write_all(&open.head).await.is_err() {
+            return (EgressEnd::Error, 0, 0);
+        }
+        up.fetch_add(u64::try_from(open.head.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
     let end = tokio::select! {
-        r = tokio::io::copy_bidirectional_with_sizes(&mut guest, &mut upstream, PIPE_BUFFER, PIPE_BUFFER) => {
+        r = splice::relay(guest.socket(), &upstream, &up, &down) => {
             if r.is_ok() { EgressEnd::Closed } else { EgressEnd::Error }
         }
         () = desk.fenced() => EgressEnd::Fenced,

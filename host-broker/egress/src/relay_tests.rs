@@ -3,8 +3,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use dormouse_protocol::egress_policy::EgressPolicy;
-use tokio::io::{AsyncReadExt, DuplexStream};
-use tokio::net::TcpListener;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -34,38 +34,17 @@ impl Hooks for Seen {
 }
 
 struct FakeGuest {
-    io: DuplexStream,
+    io: UnixStream,
     verdicts: Arc<Mutex<Vec<Verdict>>>,
 }
 
-impl AsyncRead for FakeGuest {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-impl AsyncWrite for FakeGuest {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
 impl GuestStream for FakeGuest {
     async fn send_verdict(&mut self, verdict: Verdict) -> io::Result<()> {
         self.verdicts.lock().expect("lock").push(verdict);
         Ok(())
+    }
+    fn socket(&self) -> &UnixStream {
+        &self.io
     }
 }
 
@@ -126,11 +105,11 @@ fn start(
     desk: &Arc<Desk>,
     o: Open,
 ) -> (
-    DuplexStream,
+    UnixStream,
     Arc<Mutex<Vec<Verdict>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (ours, theirs) = UnixStream::pair().expect("socket pair");
     let verdicts = Arc::new(Mutex::new(Vec::new()));
     let guest = FakeGuest {
         io: theirs,

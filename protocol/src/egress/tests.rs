@@ -191,25 +191,3 @@ async fn a_silent_broker_meets_the_verdict_deadline() {
         Err(crate::stream::StreamError::Idle(VERDICT_TIMEOUT))
     ));
 }
-
-#[tokio::test]
-async fn relay_carries_both_ways_and_propagates_half_close() {
-    let (mut client, mut near) = tokio::io::duplex(1 << 16);
-    let (mut far, mut upstream) = tokio::io::duplex(1 << 16);
-    let relayed = tokio::spawn(async move { relay(&mut near, &mut far).await });
-    client.write_all(b"request").await.expect("write");
-    client.shutdown().await.expect("half-close");
-    let mut got = Vec::new();
-    upstream
-        .read_to_end(&mut got)
-        .await
-        .expect("upstream sees the end");
-    assert_eq!(got, b"request");
-    // The other direction still flows after the half-close.
-    upstream.write_all(b"answer").await.expect("write");
-    drop(upstream);
-    let mut back = Vec::new();
-    client.read_to_end(&mut back).await.expect("read");
-    assert_eq!(back, b"answer");
-    assert_eq!(relayed.await.expect("join").expect("relay"), (7, 6));
-}

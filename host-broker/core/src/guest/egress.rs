@@ -4,14 +4,11 @@
 //! ([`dormouse_protocol::egress`] has the frame flow).
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use dormouse_protocol::call;
 use dormouse_protocol::declare::Call;
 use dormouse_protocol::egress::{self, EgressOpen, EgressVerdict};
 use dormouse_protocol::stream;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 
 use super::{typed, GuestConnection, GuestError, FRAME_BODY_TIMEOUT, REQUEST_TIMEOUT};
@@ -65,30 +62,9 @@ impl EgressSession {
             .await
             .map_err(|e| io::Error::other(e.to_string()))
     }
-}
 
-impl AsyncRead for EgressSession {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for EgressSession {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+    /// The socket the raw bytes go through after the verdict.
+    pub fn socket(&self) -> &UnixStream {
+        &self.stream
     }
 }
