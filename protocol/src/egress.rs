@@ -275,8 +275,7 @@ mod io {
     use tokio::io::{AsyncRead, AsyncWrite};
 
     use super::{
-        EgressVerdict, MAX_EGRESS_MESSAGE, MAX_OPEN_PAYLOAD, VERDICT_TAMING,
-        VERDICT_TIMEOUT,
+        EgressVerdict, MAX_EGRESS_MESSAGE, MAX_OPEN_PAYLOAD, VERDICT_TAMING, VERDICT_TIMEOUT,
     };
     use crate::frame::Taming;
     use crate::stream::{self, ReadLimits, StreamError};

@@ -29,11 +29,8 @@ pub trait SpliceSocket: AsFd + Sync {
     /// Waits until the runtime sees the socket ready for `interest`.
     fn ready_for(&self, interest: Interest) -> impl Future<Output = io::Result<()>> + Send;
     /// Runs `f` as the runtime's readiness-clearing I/O for `interest`.
-    fn try_io_for<R>(
-        &self,
-        interest: Interest,
-        f: impl FnOnce() -> io::Result<R>,
-    ) -> io::Result<R>;
+    fn try_io_for<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>)
+        -> io::Result<R>;
 }
 
 macro_rules! splice_socket {

@@ -18,6 +18,7 @@ pub mod client;
 pub mod desk;
 pub mod engine;
 pub mod guest;
+pub mod hostile;
 pub mod latency;
 pub mod markers;
 pub mod proxy;

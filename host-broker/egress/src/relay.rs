@@ -218,7 +218,10 @@ async fn pipe<G: GuestStream>(
         if upstream.write_all(&open.head).await.is_err() {
             return (EgressEnd::Error, 0, 0);
         }
-        up.fetch_add(u64::try_from(open.head.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        up.fetch_add(
+            u64::try_from(open.head.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
     let end = tokio::select! {
         r = splice::relay(guest.socket(), &upstream, &up, &down) => {

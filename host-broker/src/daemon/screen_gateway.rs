@@ -1,6 +1,6 @@
 //! Wires the live screen into the daemon: the owner's [`OwnerScreenHost`]
 //! behind the gateway, the expiry sweep, and the noVNC directory (a missing
-//! one leaves the panel on still screenshots, said once in the log).
+//! one is read again on every request: installing noVNC later needs no restart).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,15 +29,17 @@ pub fn wire(state: &mut ApiState, novnc: &Path, shutdown: &CancellationToken) {
     state.novnc = novnc_dir(novnc);
 }
 
+/// The directory is read on every request, so a noVNC installed after the
+/// broker started is served without a restart; its absence now is only
+/// worth a warning.
 fn novnc_dir(dir: &Path) -> NovncDir {
     if dir.join("core").join("rfb.js").is_file() {
         tracing::info!(dir = %dir.display(), "serving noVNC for the panel's live screens");
-        NovncDir(Some(PathBuf::from(dir)))
     } else {
         tracing::warn!(
             dir = %dir.display(),
-            "noVNC not found (install the novnc package or pass --novnc-dir); the panel shows still screenshots"
+            "noVNC not found yet (install the novnc package or pass --novnc-dir); until then the panel shows still screenshots"
         );
-        NovncDir(None)
     }
+    NovncDir(Some(PathBuf::from(dir)))
 }

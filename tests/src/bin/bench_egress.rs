@@ -3,14 +3,20 @@
 //! the same transfer by `curl` directly on the host's loopback, in the same
 //! run; the connection-setup time of small requests through the proxy
 //! against direct (p50/p99 of curl's `time_total`); the broker's CPU per GiB
-//! from `/proc/<pid>/stat` (utime + stime).
+//! from `/proc/<pid>/stat` (utime + stime); and another desktop's status
+//! latency (p50/p99 of `GET /v1/computers/{id}`) while nothing else runs
+//! beside the same while a hostile program in the first desktop floods its
+//! proxy ([`dormouse_e2e::hostile::EGRESS_ATTACK_PY`]).
 
 use std::process::{Command, ExitCode};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{create_ready, EventStream};
+use dormouse_e2e::client::ApiClient;
+use dormouse_e2e::client::{create_ready, is_ready, EventStream};
+use dormouse_e2e::hostile::EGRESS_ATTACK_PY;
+use dormouse_e2e::latency::Samples;
 use dormouse_protocol::egress_policy::{EgressMode, EgressPolicy};
 use dormouse_protocol::exec::ExecRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,7 +94,7 @@ async fn run() -> Result<()> {
         "dormouse-bench-egress-{}.hosts",
         std::process::id()
     ));
-    std::fs::write(&hosts, "127.0.0.1 bench.test\n")?;
+    std::fs::write(&hosts, "127.0.0.1 bench.test echo.test\n")?;
     let mut options = BrokerOptions::new(&image);
     options.extra_args = vec!["--egress-hosts".into(), hosts.display().to_string()];
     let broker = BrokerProcess::start(options).await;
@@ -173,7 +179,60 @@ async fn run() -> Result<()> {
         vp99 - dp99
     );
     println!("| broker CPU | {:.2} s per GiB | - | - |", cpu / gib);
+    let other = create_ready(&api, &mut events, "bench-egress-bystander", READY_TIMEOUT).await?;
+    let quiet = poll_status(&api, other, || false, BYSTANDER_QUIET).await?;
+    let attack = tokio::spawn(exec(format!(
+        "python3 - {port} <<'EOF'\n{EGRESS_ATTACK_PY}EOF"
+    )));
+    let flooded = poll_status(&api, other, || attack.is_finished(), BYSTANDER_MAX).await?;
+    let report = attack.await??;
+    ensure!(
+        report.contains("codes="),
+        "the attack did not finish: {report}"
+    );
+    let ms = |s: &Samples, p: f64| s.percentile(p).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+    println!();
+    println!("| another desktop's status | quiet | during a hostile flood | target |");
+    println!("|---|---|---|---|");
+    println!(
+        "| p50 ({} / {} polls) | {:.2} ms | {:.2} ms | - |",
+        quiet.len(),
+        flooded.len(),
+        ms(&quiet, 50.0),
+        ms(&flooded, 50.0)
+    );
+    println!(
+        "| p99 | {:.2} ms | {:.2} ms | under 20 ms |",
+        ms(&quiet, 99.0),
+        ms(&flooded, 99.0)
+    );
     Ok(())
+}
+
+/// How long the bystander is polled with nothing else running.
+const BYSTANDER_QUIET: Duration = Duration::from_secs(10);
+/// The longest the bystander is polled during the attack.
+const BYSTANDER_MAX: Duration = Duration::from_secs(120);
+
+/// Polls `id`'s status every 20 ms until `done` or `max`; every answer
+/// must say ready.
+async fn poll_status(
+    api: &ApiClient,
+    id: uuid::Uuid,
+    done: impl Fn() -> bool,
+    max: Duration,
+) -> Result<Samples> {
+    let mut samples = Samples::new();
+    let started = Instant::now();
+    while !done() && started.elapsed() < max {
+        let t = Instant::now();
+        let s = api.get(id).await?;
+        samples.push(t.elapsed());
+        ensure!(is_ready(&s), "the bystander is not ready: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(samples.len() >= 20, "{} polls", samples.len());
+    Ok(samples)
 }
 
 #[tokio::main]
