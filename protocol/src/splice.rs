@@ -3,11 +3,15 @@
 //! either process, which matters on a relay that carries every download
 //! three sockets deep (program, supervisor, broker, site).
 //!
-//! Each direction fills its pipe from one socket as far as the socket has
-//! bytes, then drains the pipe into the other socket; readiness comes from
-//! the runtime's own registration of each socket, so no descriptor is
-//! registered twice. The end of one side's stream shuts down the write side
-//! of the other and the other direction goes on; the first error ends both.
+//! Each direction starts by copying through a small buffer, and moves to
+//! its own pipe once it has carried [`SPLICE_AFTER`] bytes: a connection
+//! that carries little (most of them, and every one of a flood held open
+//! without traffic) costs two descriptors, a download four more. The pipe
+//! is filled from one socket as far as the socket has bytes, then drained
+//! into the other; readiness comes from the runtime's own registration of
+//! each socket, so no descriptor is registered twice. The end of one
+//! side's stream shuts down the write side of the other and the other
+//! direction goes on; the first error ends both.
 
 use std::future::Future;
 use std::io;
@@ -15,7 +19,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
-use nix::sys::socket::{shutdown, Shutdown};
+use nix::sys::socket::{send, shutdown, MsgFlags, Shutdown};
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
@@ -23,6 +27,10 @@ use tokio::net::{TcpStream, UnixStream};
 /// (the default pipe is kept when the kernel refuses the size, which only
 /// costs more calls).
 pub const SPLICE_CHUNK: usize = 256 * 1024;
+/// Bytes a direction copies through its buffer before it takes a pipe.
+pub const SPLICE_AFTER: usize = 256 * 1024;
+/// The copy buffer of a direction before it takes a pipe.
+const COPY_CHUNK: usize = 16 * 1024;
 
 /// A connected stream socket whose readiness the runtime tracks.
 pub trait SpliceSocket: AsFd + Sync {
@@ -71,45 +79,88 @@ async fn one_way<F: SpliceSocket, T: SpliceSocket>(
     to: &T,
     moved: &AtomicU64,
 ) -> io::Result<()> {
-    let (out, inp) = pipe()?;
-    loop {
-        let got = splice_ready(from, Interest::READABLE, || {
-            splice(from.as_fd(), None, &inp, None, SPLICE_CHUNK, flags())
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut copied = 0;
+    while copied < SPLICE_AFTER {
+        let got = when_ready(from, Interest::READABLE, || {
+            Ok(nix::unistd::read(from.as_fd(), &mut buf)?)
         })
         .await?;
         if got == 0 {
-            // Gone already is as good as shut down.
-            let _ = shutdown(to.as_fd().as_raw_fd(), Shutdown::Write);
-            return Ok(());
+            return Ok(end_of(to));
+        }
+        let mut sent = 0;
+        while sent < got {
+            let put = when_ready(to, Interest::WRITABLE, || {
+                let fd = to.as_fd().as_raw_fd();
+                Ok(send(fd, &buf[sent..got], MsgFlags::MSG_NOSIGNAL)?)
+            })
+            .await?;
+            sent += nonzero(put)?;
+            count(moved, put);
+        }
+        copied += got;
+    }
+    drop(buf);
+    let (out, inp) = pipe()?;
+    loop {
+        let got = when_ready(from, Interest::READABLE, || {
+            Ok(splice(
+                from.as_fd(),
+                None,
+                &inp,
+                None,
+                SPLICE_CHUNK,
+                flags(),
+            )?)
+        })
+        .await?;
+        if got == 0 {
+            return Ok(end_of(to));
         }
         let mut left = got;
         while left > 0 {
-            let put = splice_ready(to, Interest::WRITABLE, || {
-                splice(&out, None, to.as_fd(), None, left, flags())
+            let put = when_ready(to, Interest::WRITABLE, || {
+                Ok(splice(&out, None, to.as_fd(), None, left, flags())?)
             })
             .await?;
-            if put == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "the socket took no bytes",
-                ));
-            }
-            left -= put;
-            moved.fetch_add(u64::try_from(put).unwrap_or(u64::MAX), Ordering::Relaxed);
+            left -= nonzero(put)?;
+            count(moved, put);
         }
     }
 }
 
-/// Runs one splice once `socket` is ready for `interest`, again after each
+/// The end of the stream read: shuts down the write side of `to` (gone
+/// already is as good as shut down).
+fn end_of<T: SpliceSocket>(to: &T) {
+    let _ = shutdown(to.as_fd().as_raw_fd(), Shutdown::Write);
+}
+
+fn count(moved: &AtomicU64, n: usize) {
+    moved.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// A write that took nothing is an error, not a reason to spin.
+fn nonzero(put: usize) -> io::Result<usize> {
+    if put == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the socket took no bytes",
+        ));
+    }
+    Ok(put)
+}
+
+/// Runs `call` once `socket` is ready for `interest`, again after each
 /// spurious wake-up.
-async fn splice_ready<S: SpliceSocket>(
+async fn when_ready<S: SpliceSocket>(
     socket: &S,
     interest: Interest,
-    mut call: impl FnMut() -> nix::Result<usize>,
+    mut call: impl FnMut() -> io::Result<usize>,
 ) -> io::Result<usize> {
     loop {
         socket.ready_for(interest).await?;
-        match socket.try_io_for(interest, || call().map_err(io::Error::from)) {
+        match socket.try_io_for(interest, &mut call) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             done => return done,
         }
@@ -148,7 +199,8 @@ mod tests {
 
     #[tokio::test]
     async fn carries_both_ways_in_order_and_half_closes() {
-        // program ⇄ (tcp) relay ⇄ (unix) far end
+        // program ⇄ (tcp) relay ⇄ (unix) far end; the download goes past
+        // SPLICE_AFTER (copied, then spliced), the request stays copied.
         let (mut program, near) = tcp_pair().await;
         let (relay_far, mut far) = UnixStream::pair().unwrap();
         let up = AtomicU64::new(0);
