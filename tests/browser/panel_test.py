@@ -471,6 +471,77 @@ def run_live_screen(base, token, cid, api, evidence):
         driver.quit()
 
 
+VIEWER_GEOMETRY = """
+const c = document.querySelector('#screen canvas');
+if (!c) return null;
+const r = c.getBoundingClientRect();
+const s = document.scrollingElement;
+return {left: r.left, top: r.top, width: r.width, height: r.height,
+        innerWidth: window.innerWidth, innerHeight: window.innerHeight,
+        scrollWidth: s.scrollWidth, scrollHeight: s.scrollHeight,
+        box: document.getElementById('screen').getBoundingClientRect().height};
+"""
+
+
+def run_viewer_fit(base, api, cid, evidence):
+    """The standalone viewer (the link `dormouse screen` prints) in a
+    1400x950 window: the desktop is scaled to fit with its aspect ratio kept,
+    nothing scrolls, and a click at the canvas's centre lands on the
+    desktop's centre (witness: xdotool in the guest)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    if not serves_live_screen(api, base, cid):
+        log("viewer fit: no screen gateway or no noVNC on this broker; skipped with the live screen")
+        return
+    container = f"dormouse-{cid}"
+    guest_x = ["docker", "exec", "-u", "1000:1000", "-e", "DISPLAY=:1", container, "xdotool"]
+    geometry = subprocess.run(guest_x + ["getdisplaygeometry"], capture_output=True, text=True, check=True)
+    width, height = (int(v) for v in geometry.stdout.split())
+    grant = api.call("POST", f"/v1/computers/{cid}/screens", {"mode": "control", "ttl_ms": 120000})
+    link = (f"{base}/panel/screen.html#screen={grant['screen_id']}&token={grant['token']}"
+            f"&mode=control")
+    driver = chromium_driver()
+    try:
+        driver.set_window_size(1400, 950)
+        driver.get(link)
+        wait_for(driver, lambda d: d.find_element(By.ID, "state").text.startswith("Control"),
+                 "the viewer to connect", timeout=60)
+        wait_for(driver, lambda d: (g := d.execute_script(VIEWER_GEOMETRY)) and g["width"] > 0
+                 and g["height"] > 0 and abs(g["width"] / g["height"] - width / height) < 0.01,
+                 "the canvas scaled to the window", timeout=30)
+        g = driver.execute_script(VIEWER_GEOMETRY)
+        assert g["scrollWidth"] <= g["innerWidth"] and g["scrollHeight"] <= g["innerHeight"], \
+            f"the viewer scrolls: {g}"
+        assert g["left"] >= 0 and g["top"] >= 0 and g["left"] + g["width"] <= g["innerWidth"] + 0.5 \
+            and g["top"] + g["height"] <= g["innerHeight"] + 0.5, f"the canvas leaves the window: {g}"
+        # Fitted, not merely shrunk: one dimension fills its room.
+        fills = g["width"] >= g["innerWidth"] - 2 or g["height"] >= g["box"] - 2
+        assert fills, f"the canvas does not fill the window: {g}"
+        png = evidence / "viewer-fit.png"
+        driver.save_screenshot(str(png))
+        at = ""
+        if subprocess.run(guest_x + ["mousemove", "3", "3"], capture_output=True).returncode == 0:
+            canvas = driver.find_element(By.CSS_SELECTOR, "#screen canvas")
+            # Selenium's offsets are from the element's centre.
+            ActionChains(driver).move_to_element(canvas).click().perform()
+            def pointer():
+                out = subprocess.run(guest_x + ["getmouselocation"], capture_output=True, text=True).stdout
+                parts = dict(p.split(":") for p in out.split()[:2] if ":" in p)
+                return int(parts.get("x", -1)), int(parts.get("y", -1))
+            wait_for(driver, lambda d: pointer() != (3, 3), "the pointer to move", timeout=15)
+            x, y = pointer()
+            scale = g["width"] / width
+            assert abs(x - width // 2) <= 1 + 1 / scale and abs(y - height // 2) <= 1 + 1 / scale, \
+                f"a click at the canvas's centre landed at {x},{y}, not {width // 2},{height // 2}"
+            at = f"; a click at its centre landed at {x},{y} of {width}x{height}"
+        log(f"viewer fit: {width}x{height} drawn at {g['width']:.0f}x{g['height']:.0f} in a "
+            f"{g['innerWidth']}x{g['innerHeight']} window, no scroll{at}; evidence {png}")
+    finally:
+        driver.quit()
+        api.call("DELETE", f"/v1/screens/{grant['screen_id']}")
+
+
 def run_polling_fallback(base, token, cid, api, evidence):
     """Without a WebSocket the panel polls GET /v1/computers every 2 s and
     still follows a change made elsewhere (here: a stop through the API)."""
@@ -573,6 +644,7 @@ def main():
         if api.call("GET", f"/v1/computers/{cid}")["container"] != "running":
             api.call("POST", f"/v1/computers/{cid}/start")
             api.wait(cid, lambda s: s["ready"], "ready again")
+        run_viewer_fit(base, api, cid, evidence)
         run_polling_fallback(base, token, cid, api, evidence)
         log("PASSED")
         print("1 passed, 0 failed")
