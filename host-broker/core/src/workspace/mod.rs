@@ -163,6 +163,14 @@ pub enum WorkspaceError {
         /// Why.
         reason: Refusal,
     },
+    /// The guest changed the tree under a recursive delete (swapped an entry
+    /// for a link or a directory, or added entries faster than they were
+    /// removed): what was removed stays removed, nothing outside was touched.
+    #[error("{path:?} changed while it was being deleted (an entry was swapped or added); part of it may be gone, nothing outside it was touched; delete it again")]
+    Changed {
+        /// Workspace-relative path.
+        path: String,
+    },
     /// Another import, swap or recovery of this workspace holds its lock.
     #[error("another import or recovery of this workspace is under way")]
     Busy,
@@ -197,7 +205,9 @@ impl WorkspaceError {
             | Self::NotAFile { .. } => ErrorClass::BadRequest,
             Self::Refused { reason, .. } => reason.class(),
             Self::NotFound { .. } => ErrorClass::NotFound,
-            Self::NotEmpty { .. } | Self::Busy | Self::Exists { .. } => ErrorClass::Conflict,
+            Self::NotEmpty { .. } | Self::Changed { .. } | Self::Busy | Self::Exists { .. } => {
+                ErrorClass::Conflict
+            }
             Self::TooLarge { .. } | Self::TooManyEntries { .. } => ErrorClass::TooLarge,
             Self::Io { .. } => ErrorClass::Internal,
         }
