@@ -35,8 +35,8 @@ use dormouse_core::error::BrokerError;
 use dormouse_core::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use dormouse_core::workspace::stream::{Chunk, DEFAULT_CHUNK};
 use dormouse_core::workspace::{
-    create_from_tar, delete, export_archive, open, write_file, ChannelReader, ChannelWriter,
-    Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    create_from_tar, delete, export_archive, export_check, open, write_file, ChannelReader,
+    ChannelWriter, Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use encoding::{accepted_encoding, check_upload_format};
 
@@ -191,11 +191,20 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
         // Opened before answering, so a missing workspace is a clean error
         // (and the hold, dropped with the grant, ends at once).
         let path = grant.path.clone();
-        let root = blocking(move || WorkspaceRoot::open(&path)).await?;
+        // What the import would refuse is refused here, before a byte is
+        // sent (the walk itself holds the same bound if the tree grows).
+        let limits = grant.limits.import.clone();
+        let root = blocking(move || {
+            let root = WorkspaceRoot::open(&path)?;
+            export_check(&root, &limits)?;
+            Ok(root)
+        })
+        .await?;
+        let limits = grant.limits.import.clone();
         let quiesced = grant.quiesced;
         let hold = grant.hold.take();
         let body = stream_from(move |w| {
-            let result = export_archive(&root, w, compression);
+            let result = export_archive(&root, w, compression, &limits);
             // The archive is read (or given up: a client that went away
             // fails the next write): the guest may reopen the browsers.
             drop(hold);
