@@ -248,7 +248,10 @@ async fn a_failed_guest_call_degrades_the_status_until_the_guest_answers_again()
         "{s:?}"
     );
     assert!(
-        !s.problem.as_deref().unwrap().contains(rig.dir.path().to_str().unwrap()),
+        !s.problem
+            .as_deref()
+            .unwrap()
+            .contains(rig.dir.path().to_str().unwrap()),
         "no host path in the status: {s:?}"
     );
     // While the channel stays broken the status stays degraded: the probe

@@ -215,9 +215,10 @@ impl Computer {
                             .as_ref()
                             .map(|p| format!("guest supervisor: {p}"))
                             .or_else(|| {
-                                self.guest.calls.as_ref().map(|p| {
-                                    format!("guest supervisor does not answer calls: {p}")
-                                })
+                                self.guest
+                                    .calls
+                                    .as_ref()
+                                    .map(|p| format!("guest supervisor does not answer calls: {p}"))
                             })
                             .or_else(|| self.guest.status.as_ref().and_then(|s| s.problem.clone()))
                     })
