@@ -202,13 +202,22 @@ async fn remove_races(api: &ApiClient, events: &mut EventStream, id: Uuid) -> Re
             engine_state(id).await?.is_none(),
             "the remove answered 204 but the container is still there"
         );
-        eprintln!("the remove won the race with the start; the import race needs a new desktop");
+        eprintln!(
+            "the remove ran (the start {}); the import race needs a new desktop",
+            match &started {
+                Ok(_) => "ended before it".to_owned(),
+                Err(e) => format!("was refused: {e:#}"),
+            }
+        );
         let id = create_ready(api, events, "races-2", READY_TIMEOUT).await?;
         api.stop(id).await?;
         api.wait_stopped(events, id, STOPPED_TIMEOUT).await?;
         return import_race(api, id).await;
     }
     ensure!(started.is_ok(), "neither the start nor the remove ran");
+    if let Err(e) = &removal {
+        eprintln!("the start ran, the remove during it was refused: {e:#}");
+    }
     api.wait_ready(events, id, READY_TIMEOUT).await?;
     ensure!(engine_state(id).await?.as_deref() == Some("running"));
     api.stop(id).await?;
