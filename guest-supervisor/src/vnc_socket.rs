@@ -26,10 +26,10 @@ use crate::config::Config;
 use crate::socket::{self, SocketError};
 use crate::status::StatusCell;
 
-/// Most VNC connections spliced at once (the broker caps viewers per
-/// capability and capabilities per computer; this bounds what the guest
-/// spends whatever the host does).
-pub const MAX_VNC_CONNECTIONS: usize = 64;
+/// Most VNC connections spliced at once: the bound the broker's admission
+/// holds to as well (one constant, in the protocol crate); here it bounds
+/// what the guest spends whatever the host does.
+pub const MAX_VNC_CONNECTIONS: usize = dormouse_protocol::screen::MAX_SCREEN_CONNECTIONS;
 
 /// Buffer of each direction of a splice.
 const SPLICE_BUFFER: usize = 64 * 1024;

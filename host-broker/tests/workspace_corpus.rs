@@ -361,7 +361,8 @@ fn the_corpus_tree_survives_an_export_and_import_in_every_compression() {
     for compression in [Compression::None, Compression::Gzip, Compression::Zstd] {
         let root = WorkspaceRoot::open(&src.ws()).unwrap();
         let mut archive = Vec::new();
-        let summary = export_archive(&root, &mut archive, compression).unwrap();
+        let summary =
+            export_archive(&root, &mut archive, compression, &ImportLimits::default()).unwrap();
         assert_eq!(
             (summary.symlinks, summary.hard_links),
             (3, 1),

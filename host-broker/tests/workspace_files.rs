@@ -457,3 +457,71 @@ fn a_directory_swapped_for_a_link_while_resolving_is_never_followed() {
         );
     }
 }
+
+/// The guest swaps a directory inside a tree for a link (to another
+/// workspace) and back while the host deletes the tree recursively: every
+/// answer is a success or a refusal that says why (`Changed`, a conflict,
+/// or the tree already gone), never an I/O failure, and the other workspace
+/// is never touched.
+#[test]
+fn a_recursive_delete_racing_a_directory_link_swap_answers_with_the_reason() {
+    let rig = Rig::new();
+    let other = Rig::new();
+    other.write("keep/precious", b"x");
+    let before = workspace_support::snapshot(&other.ws());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, ws, target) = (stop.clone(), rig.ws(), other.path("keep"));
+        std::thread::spawn(move || {
+            let (d, real) = (ws.join("t/d"), ws.join("t/d.real"));
+            // The guest fills `d.real` (never a link), makes it `d`, then
+            // puts a link to the other workspace where `d` was.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = fs::create_dir_all(real.join("e"));
+                let _ = fs::write(real.join("e/f"), b"f");
+                let _ = fs::rename(&real, &d);
+                let _ = fs::rename(&d, &real);
+                let _ = symlink(&target, &d);
+                let _ = fs::remove_file(&d);
+            }
+        })
+    };
+    let root = root(&rig, Resolution::Openat2);
+    let (mut done, mut changed, mut gone) = (0, 0, 0);
+    let mut other_errors = Vec::new();
+    for _ in 0..400 {
+        // Never through `t/d` here: the host side must not follow it either.
+        let _ = fs::create_dir_all(rig.path("t"));
+        let _ = fs::write(rig.path("t/x"), b"x");
+        match delete(&root, &p("t"), true, &FilesConfig::default()) {
+            Ok(_) => done += 1,
+            Err(WorkspaceError::Changed { .. }) => changed += 1,
+            Err(WorkspaceError::NotFound { .. }) => gone += 1,
+            Err(e) => other_errors.push((e.class(), e.to_string())),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().unwrap();
+    let internal: Vec<_> = other_errors
+        .iter()
+        .filter(|(class, _)| *class == ErrorClass::Internal)
+        .collect();
+    assert!(
+        internal.is_empty(),
+        "{} of 400 answered as I/O failures (500), e.g. {:?}",
+        internal.len(),
+        internal.first()
+    );
+    assert!(
+        done > 0,
+        "no delete succeeded ({changed} changed, {gone} gone, {other_errors:?})"
+    );
+    assert_eq!(
+        workspace_support::snapshot(&other.ws()),
+        before,
+        "the other workspace was touched through the link"
+    );
+    // Once the guest stops, the tree goes.
+    let _ = delete(&root, &p("t"), true, &FilesConfig::default());
+    assert!(fs::symlink_metadata(rig.path("t")).is_err());
+}

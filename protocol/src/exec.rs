@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::frame::Message;
 
+mod body;
+
+pub use body::{ExecResultBody, OutputEncoding, StreamedBody};
+
 /// Timeout when the request names none.
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 /// Longest timeout a request may ask for (one hour).
@@ -281,25 +285,6 @@ impl ExecResult {
         payload.extend_from_slice(&self.stderr);
         (head, payload)
     }
-
-    /// The HTTP body: output as UTF-8 with invalid bytes replaced, or as
-    /// base64 (`?encoding=base64`).
-    pub fn to_body(&self, encoding: OutputEncoding) -> ExecResultBody {
-        let render = |bytes: &[u8]| match encoding {
-            OutputEncoding::Utf8 => String::from_utf8_lossy(bytes).into_owned(),
-            OutputEncoding::Base64 => base64_bytes::encode(bytes),
-        };
-        ExecResultBody {
-            exit_code: self.exit_code,
-            signal: self.signal.clone(),
-            timed_out: self.timed_out,
-            stdout: render(&self.stdout),
-            stderr: render(&self.stderr),
-            stdout_truncated: self.stdout_truncated,
-            stderr_truncated: self.stderr_truncated,
-            duration_ms: self.duration_ms,
-        }
-    }
 }
 
 impl ExecResultHead {
@@ -324,38 +309,6 @@ impl ExecResultHead {
             duration_ms: self.duration_ms,
         })
     }
-}
-
-/// How the HTTP body carries output bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputEncoding {
-    /// UTF-8, invalid sequences replaced by U+FFFD.
-    #[default]
-    Utf8,
-    /// Standard base64 of the raw bytes.
-    Base64,
-}
-
-/// `200` answer of `POST /v1/computers/{id}/exec`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecResultBody {
-    /// See [`ExecResult::exit_code`].
-    pub exit_code: Option<i32>,
-    /// See [`ExecResult::signal`].
-    pub signal: Option<String>,
-    /// See [`ExecResult::timed_out`].
-    pub timed_out: bool,
-    /// Standard output in the asked [`OutputEncoding`].
-    pub stdout: String,
-    /// Standard error in the asked [`OutputEncoding`].
-    pub stderr: String,
-    /// See [`ExecResult::stdout_truncated`].
-    pub stdout_truncated: bool,
-    /// See [`ExecResult::stderr_truncated`].
-    pub stderr_truncated: bool,
-    /// See [`ExecResult::duration_ms`].
-    pub duration_ms: u64,
 }
 
 /// Opens an interactive session: a process on a pseudo-terminal.

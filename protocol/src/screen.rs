@@ -37,6 +37,18 @@ pub const CLOSE_PROTOCOL: u16 = 4003;
 pub const CLOSE_TOO_SLOW: u16 = 4004;
 /// WebSocket close code: the desktop's VNC server closed the connection.
 pub const CLOSE_DESKTOP_GONE: u16 = 4005;
+/// WebSocket close code: the desktop's screen carries all the connections
+/// it can of this mode ([`MAX_SCREEN_CONNECTIONS`], [`CONTROL_RESERVE`]).
+pub const CLOSE_SCREEN_FULL: u16 = 4006;
+
+/// Most VNC connections one desktop's screen carries at once: the guest
+/// splices no more, and the broker admits no more (every mode, every
+/// capability together).
+pub const MAX_SCREEN_CONNECTIONS: usize = 64;
+/// Of [`MAX_SCREEN_CONNECTIONS`] (and of the capabilities a computer may
+/// have), how many view may never take: kept for control, so the lease
+/// holder can always open its control screen however many watch.
+pub const CONTROL_RESERVE: usize = 8;
 
 /// What a capability allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

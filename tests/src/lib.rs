@@ -12,6 +12,7 @@
 // A test-support crate: a failed unwrap is a failed test, said loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod archive;
 pub mod broker;
 pub mod browser;
 pub mod client;

@@ -158,6 +158,9 @@ pub struct RfbViewer {
     buf: Vec<u8>,
     /// The subprotocol the gateway selected.
     pub protocol: Option<String>,
+    /// xvp messages from the server (version, code), in the order
+    /// [`Self::read_update`] met them.
+    pub xvp: Vec<(u8, u8)>,
 }
 
 /// How to present the screen token.
@@ -216,6 +219,7 @@ impl RfbViewer {
             ws,
             buf: Vec::new(),
             protocol,
+            xvp: Vec::new(),
         })
     }
 
@@ -292,7 +296,8 @@ impl RfbViewer {
     /// rectangles: Raw at 32 bpp (pixels kept), ZRLE (its zlib data read
     /// past, not decoded) and pixel-less pseudo-encodings only: ask for
     /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`. Bell and
-    /// cut-text messages in between are skipped.
+    /// cut-text messages in between are skipped, xvp ones kept in
+    /// [`Self::xvp`].
     pub async fn read_update(&mut self) -> Result<Vec<Rect>> {
         loop {
             let kind = self.read_exact(1).await?[0];
@@ -342,6 +347,12 @@ impl RfbViewer {
                     let len = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
                     ensure!(len <= 1 << 20, "server cut text of {len} bytes");
                     self.read_exact(usize::try_from(len)?).await?;
+                }
+                // xvp: the server's answer to an xvp message (version,
+                // code), kept for the test to look at.
+                250 => {
+                    let m = self.read_exact(3).await?;
+                    self.xvp.push((m[1], m[2]));
                 }
                 other => bail!("server message type {other} not supported by this viewer"),
             }

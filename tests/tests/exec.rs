@@ -377,3 +377,83 @@ async fn typing_into_a_terminal_keeps_the_desktop_from_idling() -> Result<()> {
     }
     result
 }
+
+/// The broker's resident set now and its high-water mark, in MiB.
+fn broker_rss_mib(broker: &BrokerProcess) -> Result<(u64, u64)> {
+    let pid = broker.pid().context("the broker's pid")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |name: &str| -> Result<u64> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .with_context(|| format!("{name} in /proc/{pid}/status"))?;
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{line:?}"))
+    };
+    Ok((kib("VmRSS:")? / 1024, kib("VmHWM:")? / 1024))
+}
+
+/// The bound the broker's peak resident set stays under while four execs
+/// stream 1 GiB of NULs each to both stdout and stderr, 8 MiB kept of
+/// each stream (before the answer was streamed and exec output budgeted,
+/// the same load took it to 500 MB and more).
+const EXEC_FLOOD_PEAK_MIB: u64 = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_output_floods_cost_the_broker_bounded_memory() -> Result<()> {
+    let Some(image) = setup("exec_output_floods_cost_the_broker_bounded_memory") else {
+        return Ok(());
+    };
+    let (broker, api, id) = ready_desktop(&image, "exec-flood").await?;
+    let result = async {
+        let (rss_before, peak_before) = broker_rss_mib(&broker)?;
+        let mut flood = sh("head -c 1073741824 /dev/zero & head -c 1073741824 /dev/zero >&2; wait");
+        flood.max_output_bytes = 8 << 20;
+        flood.timeout_ms = 300_000;
+        let started = tokio::time::Instant::now();
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                let (api, flood) = (api.clone(), flood.clone());
+                tokio::spawn(async move { api.exec(id, &flood, false).await })
+            })
+            .collect();
+        for run in runs {
+            let r = run.await??;
+            ensure!(
+                r.exit_code == Some(0) && r.stdout_truncated && r.stderr_truncated,
+                "{:?} {:?}",
+                r.exit_code,
+                r.signal
+            );
+            ensure!(
+                r.stdout.len() == 8 << 20 && r.stdout.bytes().all(|b| b == 0),
+                "stdout of {} bytes",
+                r.stdout.len()
+            );
+            ensure!(
+                r.stderr.len() == 8 << 20,
+                "stderr of {} bytes",
+                r.stderr.len()
+            );
+        }
+        let took = started.elapsed();
+        let (rss_after, peak) = broker_rss_mib(&broker)?;
+        eprintln!(
+            "4 execs x 2 x 1 GiB in {took:?}: broker RSS {rss_before} MiB before \
+             (peak {peak_before}), {rss_after} MiB after, peak {peak} MiB \
+             (bound {EXEC_FLOOD_PEAK_MIB} MiB)"
+        );
+        ensure!(
+            peak < EXEC_FLOOD_PEAK_MIB,
+            "the broker's peak RSS reached {peak} MiB"
+        );
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
+    }
+    result
+}

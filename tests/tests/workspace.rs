@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dormouse_client::Fetched;
+use dormouse_e2e::archive::{tar, tar_entry};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{
     create_ready, ApiClient, ClientError, EventStream, StatusCode, Waits as _,
@@ -109,41 +110,6 @@ fn host(cmd: &str, args: &[&str]) -> String {
         .expect("spawn");
     assert!(out.status.success(), "{cmd} {args:?}: {out:?}");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-// ---------------------------------------------------------------- tar
-
-/// A ustar header (and data padded to 512) for one entry.
-fn tar_entry(name: &str, kind: u8, data: &[u8], link: &str) -> Vec<u8> {
-    let mut h = [0u8; 512];
-    h[..name.len()].copy_from_slice(name.as_bytes());
-    let octal = |h: &mut [u8; 512], at: usize, len: usize, v: u64| {
-        let text = format!("{v:0width$o}\0", width = len - 1);
-        h[at..at + len].copy_from_slice(text.as_bytes());
-    };
-    octal(&mut h, 100, 8, 0o644);
-    octal(&mut h, 108, 8, 1000);
-    octal(&mut h, 116, 8, 1000);
-    octal(&mut h, 124, 12, u64::try_from(data.len()).unwrap());
-    octal(&mut h, 136, 12, 1_700_000_000);
-    h[156] = kind;
-    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[148..156].copy_from_slice(b"        ");
-    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
-    let text = format!("{sum:06o}\0 ");
-    h[148..156].copy_from_slice(text.as_bytes());
-    let mut out = h.to_vec();
-    out.extend_from_slice(data);
-    out.resize(out.len().div_ceil(512) * 512, 0);
-    out
-}
-
-fn tar(entries: &[Vec<u8>]) -> Vec<u8> {
-    let mut out: Vec<u8> = entries.concat();
-    out.extend_from_slice(&[0u8; 1024]);
-    out
 }
 
 // ---------------------------------------------------------------- tests

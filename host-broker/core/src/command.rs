@@ -342,4 +342,43 @@ pub struct Ticket {
     /// Fires when that generation is fenced off or the computer goes (for
     /// a fenced purpose; otherwise never, until the computer is removed).
     pub revoked: CancellationToken,
+    /// Where the call tells the owner whether the guest answered.
+    pub answers: AnswerReport,
+}
+
+/// Where a guest call tells the owner whether the guest's channel answered
+/// it ([`crate::relay`]): one that failed degrades the computer's status
+/// (not ready, `degraded`, the reason) until the guest answers again. The
+/// default tells no one.
+#[derive(Clone, Default)]
+pub struct AnswerReport(Option<std::sync::Arc<dyn Fn(Option<String>) + Send + Sync>>);
+
+impl AnswerReport {
+    /// A report that hands each outcome to `tell` (`None`: answered; else
+    /// why not). `tell` must not block: calls report from their own tasks.
+    pub fn new(tell: impl Fn(Option<String>) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(tell)))
+    }
+
+    /// The guest answered (an answer that refuses is an answer).
+    pub fn answered(&self) {
+        if let Some(tell) = &self.0 {
+            tell(None);
+        }
+    }
+
+    /// The guest's channel failed the call: `why`.
+    pub fn failed(&self, why: String) {
+        if let Some(tell) = &self.0 {
+            tell(Some(why));
+        }
+    }
+}
+
+impl std::fmt::Debug for AnswerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnswerReport")
+            .field(&self.0.is_some())
+            .finish()
+    }
 }

@@ -365,8 +365,20 @@ impl GuestConnection {
     /// frame always has [`FRAME_BODY_TIMEOUT`]. A payload is accepted only
     /// on a response that may carry one.
     async fn receive(&mut self, wait: Option<Duration>) -> Result<Frame<Response>, GuestError> {
+        self.receive_bounded(wait, dormouse_protocol::MAX_PAYLOAD_LEN)
+            .await
+    }
+
+    /// [`Self::receive`] of a frame whose payload may be at most
+    /// `max_payload` bytes (refused before it is allocated).
+    async fn receive_bounded(
+        &mut self,
+        wait: Option<Duration>,
+        max_payload: u32,
+    ) -> Result<Frame<Response>, GuestError> {
         let limits = ReadLimits {
             taming: Some(Taming::GUEST),
+            max_payload: max_payload.min(dormouse_protocol::MAX_PAYLOAD_LEN),
             ..ReadLimits::new(wait, FRAME_BODY_TIMEOUT)
         };
         stream::read_frame(&mut self.stream, &limits)

@@ -20,6 +20,7 @@
 //! next start-up's reconciliation (its intent is on disk).
 
 mod admission;
+mod answers;
 mod commands;
 mod computer;
 mod egress;
@@ -94,6 +95,13 @@ enum Internal {
         id: Uuid,
         epoch: u64,
         update: GuestUpdate,
+    },
+    /// A guest call (or the probe after one failed) says whether the guest
+    /// answered it (`None`) or why not, under follower `epoch`.
+    CallAnswered {
+        id: Uuid,
+        epoch: u64,
+        problem: Option<String>,
     },
     /// The guest's activity for the idle timer (`None`: no answer).
     Activity {
@@ -445,6 +453,9 @@ impl Owner {
                 image_present,
             } => self.on_refreshed(id, epoch, view, image_present),
             Internal::Guest { id, epoch, update } => self.on_guest(id, epoch, update),
+            Internal::CallAnswered { id, epoch, problem } => {
+                self.on_call_answered(id, epoch, problem);
+            }
             Internal::Activity {
                 id,
                 epoch,
@@ -512,6 +523,9 @@ fn disarm_idle(c: &mut Computer) {
 fn stop_follower(c: &mut Computer) {
     if let Some(f) = c.follower.take() {
         f.abort.abort();
+    }
+    if let Some(probe) = c.guest.probe.take() {
+        probe.abort();
     }
     c.guest = Default::default();
 }

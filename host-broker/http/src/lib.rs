@@ -26,6 +26,7 @@ mod events;
 pub mod extract;
 mod panel;
 mod processes;
+pub use processes::ExecOutputBudget;
 pub mod screen;
 pub mod screen_host;
 pub mod screen_routes;
@@ -82,6 +83,9 @@ pub struct ApiState {
     /// The broker's own listener, which the `/mcp` tools call with the
     /// request's token; `/mcp` is not served without it.
     pub mcp: Option<dormouse_client::Endpoint>,
+    /// Room for exec output the broker holds, every exec together
+    /// ([`ExecOutputBudget`]).
+    pub exec_output: ExecOutputBudget,
 }
 
 impl ApiState {
@@ -97,6 +101,7 @@ impl ApiState {
             engine: None,
             egress: None,
             mcp: None,
+            exec_output: ExecOutputBudget::default(),
         }
     }
 }

@@ -15,20 +15,24 @@
 //! `error` as the broker's last message before it closes the socket).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::exec::{
-    ExecRequest, OutputEncoding, PtyEvent, PtyInput, PtyOpen, TerminalMessage, MAX_STDIN_BYTES,
+    ExecRequest, OutputEncoding, PtyEvent, PtyInput, PtyOpen, TerminalMessage,
+    MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES,
 };
 use futures_util::{SinkExt as _, StreamExt as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::body::stream_from;
 use super::error::HttpError;
 use super::extract::{ComputerId, Generation};
 use super::ApiState;
@@ -72,8 +76,68 @@ pub async fn exec(
     let request: ExecRequest = serde_json::from_slice(&body)
         .map_err(|e| HttpError::bad_request(format!("malformed exec request: {e}")))?;
     drop(body);
+    // A bad request is answered at once, never queued behind the budget.
+    request
+        .validate()
+        .map_err(|e| HttpError::bad_request(e.to_string()))?;
+    let room = state.exec_output.reserve(request.max_output_bytes).await?;
     let result = state.broker.exec(id, fence, request).await?;
-    Ok(Json(result.to_body(encoding)).into_response())
+    // The answer streams from the result; the room is given back once it
+    // is sent (or its client went away).
+    let body = stream_from(move |w| {
+        let written = serde_json::to_writer(w, &result.streamed_body(encoding));
+        drop(room);
+        written.map_err(std::io::Error::from)
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// What the broker holds of exec output, every exec together: each exec
+/// reserves [`RESERVED_PER_OUTPUT_BYTE`] times its `max_output_bytes`
+/// (the guest's answer holds both streams, and splitting them copies one)
+/// before it runs, and gives it back once its answer is sent. An exec that
+/// finds no room waits for it (its command has not started; a client that
+/// goes away stops waiting). The default room, [`EXEC_OUTPUT_BUDGET`],
+/// holds two execs at the largest cap at once, or forty-two at the default
+/// one. The answer is streamed, escaped as it is written, so the JSON (up to
+/// six times the output: a NUL is `\u0000`) is never held whole.
+#[derive(Debug, Clone)]
+pub struct ExecOutputBudget(Arc<Semaphore>);
+
+/// Room for exec output, in bytes (128 MiB).
+pub const EXEC_OUTPUT_BUDGET: u64 = 128 << 20;
+/// How many bytes an exec reserves per byte of its `max_output_bytes`.
+pub const RESERVED_PER_OUTPUT_BYTE: u64 = 3;
+/// The semaphore counts KiB.
+const PERMIT_BYTES: u64 = 1024;
+
+impl Default for ExecOutputBudget {
+    fn default() -> Self {
+        Self::new(EXEC_OUTPUT_BUDGET)
+    }
+}
+
+impl ExecOutputBudget {
+    /// Room for `bytes` of exec output (at least one exec at the largest
+    /// cap).
+    pub fn new(bytes: u64) -> Self {
+        let most = RESERVED_PER_OUTPUT_BYTE * MAX_OUTPUT_BYTES_LIMIT;
+        let permits = bytes.max(most).div_ceil(PERMIT_BYTES);
+        Self(Arc::new(Semaphore::new(
+            usize::try_from(permits).unwrap_or(usize::MAX),
+        )))
+    }
+
+    /// Waits for room for an exec capped at `max_output_bytes` a stream.
+    async fn reserve(&self, max_output_bytes: u64) -> Result<OwnedSemaphorePermit, HttpError> {
+        let bytes = RESERVED_PER_OUTPUT_BYTE * max_output_bytes.min(MAX_OUTPUT_BYTES_LIMIT);
+        let permits = u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX);
+        self.0
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| HttpError::new(ErrorCode::Internal, "the exec output budget is closed"))
+    }
 }
 
 /// `GET /v1/computers/{id}/exec/ws[?rows=&cols=&argv=…&cwd=]`: a process on

@@ -16,7 +16,7 @@
 
 use axum::body::Bytes;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::{CloseFrame, Message, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +24,8 @@ use axum::routing::{delete, get};
 use axum::{Json, Router};
 use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::screen::{
-    CreateScreen, ScreenMode, DEFAULT_SCREEN_TTL_MS, RFB_SUBPROTOCOL, SCREEN_SUBPROTOCOL_PREFIX,
+    CreateScreen, ScreenMode, CLOSE_SCREEN_FULL, DEFAULT_SCREEN_TTL_MS, RFB_SUBPROTOCOL,
+    SCREEN_SUBPROTOCOL_PREFIX,
 };
 use uuid::Uuid;
 
@@ -51,11 +52,13 @@ impl From<RegistryError> for HttpError {
     fn from(e: RegistryError) -> Self {
         let code = match e {
             RegistryError::BadTtl => ErrorCode::BadRequest,
-            RegistryError::TooManyScreens => ErrorCode::TooManyScreens,
+            RegistryError::TooManyScreens(_) => ErrorCode::TooManyScreens,
             RegistryError::NotFound => ErrorCode::NotFound,
             RegistryError::BadToken => ErrorCode::InvalidScreenToken,
             RegistryError::Raced => ErrorCode::StateChanged,
-            RegistryError::TooManyConnections => ErrorCode::TooManyConnections,
+            RegistryError::TooManyConnections | RegistryError::ScreenFull(_) => {
+                ErrorCode::TooManyConnections
+            }
         };
         HttpError::new(code, e.to_string())
     }
@@ -180,7 +183,15 @@ pub async fn rfb(
 ) -> Result<Response, HttpError> {
     let screen_id = parse_id(&id, "the screen id")?;
     let token = screen_token(&headers, query.as_deref()).ok_or_else(token_required)?;
-    let ticket = gw.registry.authorize(screen_id, &token)?;
+    let ticket = match gw.registry.authorize(screen_id, &token) {
+        // A viewer in a browser cannot read an HTTP answer to its upgrade:
+        // the screen being full is said in a close frame it can show.
+        Err(full @ RegistryError::ScreenFull(_)) if upgrade.is_ok() => {
+            tracing::info!(screen = %screen_id, reason = %full, "screen connection refused");
+            return Ok(close_at_once(upgrade, CLOSE_SCREEN_FULL, full.to_string()));
+        }
+        other => other?,
+    };
     drop(token);
     let upgrade = upgrade.map_err(|rejection| {
         HttpError::with_status(
@@ -223,6 +234,27 @@ pub async fn rfb(
                 tracing::debug!(screen = %screen_id, "a view connection's input was dropped");
             }
         }))
+}
+
+/// Accepts the upgrade only to close it at once with `code` and `reason`.
+fn close_at_once(
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    code: u16,
+    reason: String,
+) -> Response {
+    let Ok(upgrade) = upgrade else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    upgrade
+        .protocols([RFB_SUBPROTOCOL])
+        .on_upgrade(move |mut socket| async move {
+            let frame = CloseFrame {
+                code,
+                reason: reason.into(),
+            };
+            let close = socket.send(Message::Close(Some(frame)));
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), close).await;
+        })
 }
 
 #[cfg(test)]

@@ -359,6 +359,7 @@ async fn owner(
                         guest,
                         generation: c.generation,
                         revoked: tokio_util::sync::CancellationToken::new(),
+                        answers: Default::default(),
                     })
                 })
             }

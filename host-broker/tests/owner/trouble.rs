@@ -227,3 +227,46 @@ async fn bad_configuration_is_refused() {
     c.idle_timeout = Duration::from_millis(999);
     assert!(spawn(c, fake, metrics).await.is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_guest_call_degrades_the_status_until_the_guest_answers_again() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    // The guest replaces its socket with a link to it: the status stream,
+    // opened before, goes on; every new connection is refused.
+    let socket = rig.paths().socket(id);
+    let moved = socket.with_extension("moved");
+    std::fs::rename(&socket, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &socket).unwrap();
+    let err = rig.handle.screenshot(id).await.unwrap_err();
+    assert_eq!(err.code(), "guest", "{err:?}");
+    let s = rig.settled(id, "degraded", |s| !s.ready).await;
+    assert_eq!(s.container, ContainerState::Running);
+    assert_eq!(s.phase, Some(Phase::Degraded), "{s:?}");
+    assert!(
+        s.problem.as_deref().is_some_and(|p| p.contains("symlink")),
+        "{s:?}"
+    );
+    assert!(
+        !s.problem
+            .as_deref()
+            .unwrap()
+            .contains(rig.dir.path().to_str().unwrap()),
+        "no host path in the status: {s:?}"
+    );
+    // While the channel stays broken the status stays degraded: the probe
+    // keeps failing, and the stream's statuses do not clear it.
+    advance(Duration::from_secs(20)).await;
+    let s = rig.handle.get(id).await.unwrap();
+    assert!(!s.ready && s.phase == Some(Phase::Degraded), "{s:?}");
+    let err = rig.handle.screenshot(id).await.unwrap_err();
+    assert_eq!(err.code(), "guest");
+    // The guest puts its socket back: the probe finds it answering.
+    std::fs::remove_file(&socket).unwrap();
+    std::fs::rename(&moved, &socket).unwrap();
+    let s = rig
+        .until(id, "ready again", |s| s.ready && s.problem.is_none())
+        .await;
+    assert_eq!(s.phase, Some(Phase::Ready), "{s:?}");
+    assert!(rig.handle.screenshot(id).await.is_ok());
+}

@@ -238,3 +238,38 @@ fn the_request_nests_in_an_internally_tagged_enum() {
         serde_json::from_value::<Outer>(json!({"kind": "exec", "argv": ["true"], "x": 1})).is_err()
     );
 }
+
+/// The streamed body is byte for byte the body built whole, for output of
+/// every byte value (NULs, invalid UTF-8 cut anywhere, multi-byte
+/// characters) in both encodings, at lengths around base64's pieces.
+#[test]
+fn the_streamed_body_is_the_body_built_whole() {
+    let mut state = 0x9e37_79b9_u32;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state
+    };
+    for len in [0usize, 1, 2, 3, 4095, 12_287, 12_288, 12_289, 40_000] {
+        let mut bytes: Vec<u8> = (0..len).map(|_| next().to_le_bytes()[0]).collect();
+        bytes.extend_from_slice("é€😀\0\u{fffd}".as_bytes());
+        let r = ExecResult {
+            stdout: bytes.clone(),
+            stderr: bytes[..bytes.len() / 2].to_vec(),
+            ..result()
+        };
+        for encoding in [OutputEncoding::Utf8, OutputEncoding::Base64] {
+            let whole = serde_json::to_vec(&r.to_body(encoding)).expect("json");
+            let streamed = serde_json::to_vec(&r.streamed_body(encoding)).expect("json");
+            assert_eq!(streamed, whole, "{len} bytes as {encoding:?}");
+        }
+    }
+    let body = r_lossy();
+    assert_eq!(body.stdout, String::from_utf8_lossy(b"ok \xff\xfe"));
+}
+
+fn r_lossy() -> ExecResultBody {
+    let streamed = serde_json::to_vec(&result().streamed_body(OutputEncoding::Utf8)).expect("json");
+    serde_json::from_slice(&streamed).expect("an ExecResultBody")
+}

@@ -44,13 +44,16 @@ impl GuestConnection {
     /// connection, which cancels the exec in the guest.
     pub async fn exec(mut self, request: ExecRequest) -> Result<ExecResult, GuestError> {
         let wait = Duration::from_millis(request.timeout_ms) + EXEC_KILL_MARGIN;
+        // Both streams at their cap, and no more: what the broker holds of
+        // an answer is bounded by what was asked, whatever the guest sends.
+        let most = u32::try_from(request.max_output_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
         let (head, stdin) = request.into_frame();
         let message = Request::Exec(head);
         stream::write_frame(&mut self.stream, &message, &stdin, EXEC_SEND_TIMEOUT)
             .await
             .map_err(GuestError::from_stream)?;
         drop(stdin);
-        let answer = self.receive(Some(wait)).await?;
+        let answer = self.receive_bounded(Some(wait), most).await?;
         let kind = <dormouse_protocol::call::Exec as dormouse_protocol::Call>::KIND;
         let head: ExecResultHead = typed(kind, answer.message)?;
         let mut result = head

@@ -123,12 +123,9 @@ impl Owner {
 
     /// The ticket of an admitted call.
     fn ticket(&mut self, id: Uuid, purpose: Purpose) -> Result<Ticket, BrokerError> {
-        let generation = self
-            .computers
-            .get(&id)
-            .ok_or(BrokerError::NotFound(id))?
-            .record
-            .generation;
+        let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+        let generation = c.record.generation;
+        let answers = self.answer_report(id, c.follower.as_ref().map(|f| f.epoch));
         // Egress is revoked by a generation change too, though no lease fences it.
         let revoked = if purpose.fenced() || purpose == Purpose::Egress {
             self.revocations.fenced(id, generation)
@@ -140,6 +137,7 @@ impl Owner {
             guest: self.ctx.socket(id),
             generation,
             revoked,
+            answers,
         })
     }
 }

@@ -49,6 +49,12 @@ pub struct GuestView {
     pub status: Option<GuestStatus>,
     /// Why the broker cannot trust or reach it, if so.
     pub problem: Option<String>,
+    /// Why the last call made to it failed on its channel, until it answers
+    /// again ([`super::answers`]). The status stream does not clear it: a
+    /// stream opened before the channel broke may well go on.
+    pub calls: Option<String>,
+    /// The probe asking whether it answers again, while `calls` stands.
+    pub probe: Option<AbortHandle>,
 }
 
 /// A lease request waiting for an in-flight operation to end.
@@ -169,6 +175,7 @@ impl Computer {
         !leaving
             && self.engine.is_up()
             && self.guest.problem.is_none()
+            && self.guest.calls.is_none()
             && self.guest.status.as_ref().is_some_and(|s| s.ready)
     }
 
@@ -191,7 +198,7 @@ impl Computer {
             Some(OpKind::Stop { .. })
         ) {
             Some(Phase::Stopping)
-        } else if self.guest.problem.is_some() {
+        } else if self.guest.problem.is_some() || self.guest.calls.is_some() {
             Some(Phase::Degraded)
         } else {
             self.guest.status.as_ref().map(|s| s.phase)
@@ -207,6 +214,12 @@ impl Computer {
                             .problem
                             .as_ref()
                             .map(|p| format!("guest supervisor: {p}"))
+                            .or_else(|| {
+                                self.guest
+                                    .calls
+                                    .as_ref()
+                                    .map(|p| format!("guest supervisor does not answer calls: {p}"))
+                            })
                             .or_else(|| self.guest.status.as_ref().and_then(|s| s.problem.clone()))
                     })
                     .flatten()

@@ -140,7 +140,7 @@ impl Witness {
 
 /// A guest-channel problem as a status may show it: the host paths (which
 /// the log keeps) become the names a client knows.
-fn without_paths(text: &str, paths: &Paths, id: Uuid) -> String {
+pub(super) fn without_paths(text: &str, paths: &Paths, id: Uuid) -> String {
     let socket = paths.socket(id).display().to_string();
     let data = paths.data().display().to_string();
     let text = text.replace(&socket, "the supervisor socket");
@@ -184,6 +184,8 @@ impl Owner {
                 tracing::debug!(computer = %id, version = %guest::sanitize(&hello.supervisor_version), ?since_start, "guest supervisor connected");
                 c.guest.hello = Some(hello);
                 c.guest.problem = None;
+                // A fresh connection was greeted: the channel answers.
+                super::answers::answered_again(c);
             }
             GuestUpdate::Status(status) => {
                 if c.guest_throttle.admit(Instant::now()) {

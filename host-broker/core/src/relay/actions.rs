@@ -11,12 +11,17 @@ use dormouse_protocol::actions::{
     self, Action, ActionBatch, ActionName, ActionResults, BatchError, GuestActionResults,
 };
 
+use crate::command::AnswerReport;
 use crate::error::BrokerError;
 use crate::guest::{self, GuestError, GuestSocket};
 
 /// Relays a batch (validated by the caller) to the guest and checks the
 /// answer against it.
-pub async fn relay(socket: &GuestSocket, batch: ActionBatch) -> Result<ActionResults, BrokerError> {
+pub async fn relay(
+    socket: &GuestSocket,
+    answers: &AnswerReport,
+    batch: ActionBatch,
+) -> Result<ActionResults, BrokerError> {
     let wait = answer_bound(&batch);
     let names: Vec<ActionName> = batch.actions.iter().map(Action::name).collect();
     let call = async {
@@ -24,14 +29,27 @@ pub async fn relay(socket: &GuestSocket, batch: ActionBatch) -> Result<ActionRes
         conn.actions(batch, wait).await
     };
     match tokio::time::timeout(guest::CONNECT_TIMEOUT + wait, call).await {
-        Ok(Ok(frame)) => fit(&names, frame.message, &frame.payload),
+        Ok(Ok(frame)) => {
+            answers.answered();
+            fit(&names, frame.message, &frame.payload)
+        }
         Ok(Err(GuestError::Refused { code, message })) if code == BatchError::CODE => {
+            answers.answered();
             Err(BrokerError::InvalidActions(message))
         }
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(BrokerError::GuestFailed(
-            "the batch of actions did not answer in time".into(),
-        )),
+        Ok(Err(e)) => {
+            if matches!(e, GuestError::Refused { .. }) {
+                answers.answered();
+            } else {
+                answers.failed(e.to_string());
+            }
+            Err(e.into())
+        }
+        Err(_) => {
+            let why = "the batch of actions did not answer in time";
+            answers.failed(why.into());
+            Err(BrokerError::GuestFailed(why.into()))
+        }
     }
 }
 

@@ -12,7 +12,11 @@
 //!    exec, terminal, screenshot, the live screen's VNC stream, the quiesce
 //!    hold of an export. Dropping the caller's future drops the connection,
 //!    and the guest ends what it was doing.
-//! 3. A fenced ticket's [`Ticket::revoked`] fires when the generation it was
+//! 3. Each call tells the owner whether the guest's channel answered it
+//!    ([`Ticket::answers`]): a refusal is an answer, a connection that
+//!    fails, hangs or speaks nonsense is not, and degrades the computer's
+//!    status until the guest answers again (`owner/answers.rs`).
+//! 4. A fenced ticket's [`Ticket::revoked`] fires when the generation it was
 //!    admitted under is no longer the computer's (a lease takeover), or the
 //!    computer is removed: the owner decides both in one place
 //!    (`owner/revocation.rs`), after every turn of its loop, for every open
@@ -37,7 +41,7 @@ use crate::error::BrokerError;
 use crate::guest::exec::{GuestPty, EXEC_KILL_MARGIN};
 use crate::guest::{self, GuestError, QuiesceHold, CONNECT_TIMEOUT};
 
-pub use crate::command::{Purpose, Ticket};
+pub use crate::command::{AnswerReport, Purpose, Ticket};
 
 impl Ticket {
     /// Runs `call` unless (or until) the ticket is revoked.
@@ -49,6 +53,24 @@ impl Ticket {
             result = call => result,
             () = self.revoked.cancelled() => Err(revoked(self.generation)),
         }
+    }
+
+    /// Tells the owner how the guest's channel took a call, and passes its
+    /// result on: a refusal is the guest answering; any other failure is
+    /// the channel's.
+    fn told<T>(&self, result: Result<T, GuestError>) -> Result<T, GuestError> {
+        match &result {
+            Ok(_) | Err(GuestError::Refused { .. }) => self.answers.answered(),
+            Err(e) => self.answers.failed(e.to_string()),
+        }
+        result
+    }
+
+    /// A call the guest did not answer within its bound: the channel's
+    /// failure, told as such.
+    fn unanswered(&self, why: &str) -> BrokerError {
+        self.answers.failed(why.to_owned());
+        BrokerError::GuestFailed(why.to_owned())
     }
 }
 
@@ -134,10 +156,8 @@ pub async fn exec(ticket: &Ticket, request: ExecRequest) -> Result<ExecResult, B
     ticket
         .unless_revoked(async {
             match tokio::time::timeout(bound, run).await {
-                Ok(result) => result.map_err(refusal),
-                Err(_) => Err(BrokerError::GuestFailed(
-                    "the command was not confirmed ended in time".into(),
-                )),
+                Ok(result) => ticket.told(result).map_err(refusal),
+                Err(_) => Err(ticket.unanswered("the command was not confirmed ended in time")),
             }
         })
         .await
@@ -148,8 +168,8 @@ pub async fn terminal(
     ticket: &Ticket,
     open: PtyOpen,
 ) -> Result<(PtyOpened, GuestPty), BrokerError> {
-    let conn = ticket.guest.connect().await.map_err(BrokerError::from)?;
-    conn.open_pty(open).await.map_err(refusal)
+    let conn = ticket.told(ticket.guest.connect().await)?;
+    ticket.told(conn.open_pty(open).await).map_err(refusal)
 }
 
 /// A PNG of the admitted desktop's screen.
@@ -159,8 +179,11 @@ pub async fn screenshot(ticket: &Ticket) -> Result<Vec<u8>, BrokerError> {
         .guest
         .call_within(call::Screenshot, guest::SCREENSHOT_TIMEOUT);
     match tokio::time::timeout(bound, shot).await {
-        Ok(result) => result.map(|frame| frame.payload).map_err(BrokerError::from),
-        Err(_) => Err(BrokerError::GuestFailed("no screenshot in time".into())),
+        Ok(result) => ticket
+            .told(result)
+            .map(|frame| frame.payload)
+            .map_err(BrokerError::from),
+        Err(_) => Err(ticket.unanswered("no screenshot in time")),
     }
 }
 
@@ -171,7 +194,7 @@ pub async fn run_actions(
     batch: ActionBatch,
 ) -> Result<ActionResults, BrokerError> {
     ticket
-        .unless_revoked(actions::relay(&ticket.guest, batch))
+        .unless_revoked(actions::relay(&ticket.guest, &ticket.answers, batch))
         .await
 }
 
@@ -179,7 +202,7 @@ pub async fn run_actions(
 /// guest channel as every other call (so the live screen works wherever the
 /// guest does, over the run directory or the engine's exec bridge).
 pub async fn vnc(ticket: &Ticket) -> Result<UnixStream, GuestError> {
-    ticket.guest.connect_vnc().await
+    ticket.told(ticket.guest.connect_vnc().await)
 }
 
 /// Quiesces an admitted running desktop for an export, bounded like a
@@ -190,6 +213,7 @@ pub async fn hold_quiesce(ticket: &Ticket, limit: Duration) -> (bool, Option<Qui
     let id = ticket.computer;
     let bound = guest::CONNECT_TIMEOUT + limit + Duration::from_secs(1);
     let held = async { ticket.guest.connect().await?.quiesce_hold(limit).await };
+    let held = async { ticket.told(held.await) };
     match tokio::time::timeout(bound, held).await {
         Ok(Ok((done, hold))) => {
             tracing::info!(computer = %id, closed = ?done.closed, complete = done.complete, ms = done.elapsed_ms, "guest quiesced for an export, held until it ends");

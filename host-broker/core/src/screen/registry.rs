@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use dormouse_protocol::screen::{
-    websocket_path, RevokeReason, ScreenGrant, ScreenInfo, ScreenMode, MAX_SCREEN_TTL_MS,
-    MIN_SCREEN_TTL_MS,
+    websocket_path, RevokeReason, ScreenGrant, ScreenInfo, ScreenMode, CONTROL_RESERVE,
+    MAX_SCREEN_CONNECTIONS, MAX_SCREEN_TTL_MS, MIN_SCREEN_TTL_MS,
 };
 use rand::RngCore;
 use tokio::sync::watch;
@@ -29,10 +29,14 @@ use uuid::Uuid;
 
 use crate::secret::SecretDigest;
 
-/// Live capabilities one computer may have at once.
+/// Live capabilities one computer may have at once (view may hold all but
+/// [`CONTROL_RESERVE`] of them).
 pub const MAX_SCREENS_PER_COMPUTER: usize = 64;
 /// Open connections one capability may have at once.
 pub const MAX_CONNECTIONS_PER_SCREEN: usize = 32;
+/// Open view connections one computer may have at once: what the guest
+/// carries less what is kept for control.
+pub const MAX_VIEW_CONNECTIONS: usize = MAX_SCREEN_CONNECTIONS - CONTROL_RESERVE;
 
 /// Why the registry refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,9 +44,10 @@ pub enum RegistryError {
     /// `ttl_ms` outside the allowed range.
     #[error("ttl_ms must be between {MIN_SCREEN_TTL_MS} and {MAX_SCREEN_TTL_MS}")]
     BadTtl,
-    /// The computer already has [`MAX_SCREENS_PER_COMPUTER`] capabilities.
-    #[error("this computer already has {MAX_SCREENS_PER_COMPUTER} live screen capabilities")]
-    TooManyScreens,
+    /// The computer has all the capabilities of this mode it may have:
+    /// [`MAX_SCREENS_PER_COMPUTER`] in all, view all but [`CONTROL_RESERVE`].
+    #[error("{}", too_many_screens(*.0))]
+    TooManyScreens(ScreenMode),
     /// No such capability (or it expired or was revoked).
     #[error("no such screen capability")]
     NotFound,
@@ -57,6 +62,36 @@ pub enum RegistryError {
     /// The capability has [`MAX_CONNECTIONS_PER_SCREEN`] open connections.
     #[error("this screen capability already has {MAX_CONNECTIONS_PER_SCREEN} connections")]
     TooManyConnections,
+    /// The desktop's screen carries all the connections of this mode it
+    /// can: [`MAX_SCREEN_CONNECTIONS`] in all, view all but
+    /// [`CONTROL_RESERVE`].
+    #[error("{}", screen_full(*.0))]
+    ScreenFull(ScreenMode),
+}
+
+fn too_many_screens(mode: ScreenMode) -> String {
+    match mode {
+        ScreenMode::View => format!(
+            "this computer already has {} live view capabilities, the most it may have \
+             ({CONTROL_RESERVE} of its {MAX_SCREENS_PER_COMPUTER} are kept for control)",
+            MAX_SCREENS_PER_COMPUTER - CONTROL_RESERVE
+        ),
+        ScreenMode::Control => {
+            format!("this computer already has {MAX_SCREENS_PER_COMPUTER} live screen capabilities")
+        }
+    }
+}
+
+/// Short enough for a WebSocket close reason (123 bytes).
+fn screen_full(mode: ScreenMode) -> String {
+    match mode {
+        ScreenMode::View => format!(
+            "screen full: {MAX_VIEW_CONNECTIONS} view connections open ({CONTROL_RESERVE} kept for control)"
+        ),
+        ScreenMode::Control => {
+            format!("screen full: {MAX_SCREEN_CONNECTIONS} connections open, all it carries")
+        }
+    }
 }
 
 /// What a connection is allowed, handed out by [`ScreenRegistry::authorize`].
@@ -177,8 +212,18 @@ impl ScreenRegistry {
         }
         let entries = &mut state.entries;
         sweep(entries, Instant::now());
-        if entries.values().filter(|e| e.computer == computer).count() >= MAX_SCREENS_PER_COMPUTER {
-            return Err(RegistryError::TooManyScreens);
+        let (views, all) = entries
+            .values()
+            .filter(|e| e.computer == computer)
+            .fold((0, 0), |(v, a), e| {
+                (v + usize::from(e.mode == ScreenMode::View), a + 1)
+            });
+        let full = match mode {
+            ScreenMode::View => views >= MAX_SCREENS_PER_COMPUTER - CONTROL_RESERVE,
+            ScreenMode::Control => false,
+        };
+        if full || all >= MAX_SCREENS_PER_COMPUTER {
+            return Err(RegistryError::TooManyScreens(mode));
         }
         let mut secret = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut secret);
@@ -224,6 +269,22 @@ impl ScreenRegistry {
         }
         if entry.revoke.receiver_count() >= MAX_CONNECTIONS_PER_SCREEN {
             return Err(RegistryError::TooManyConnections);
+        }
+        // What the desktop's screen carries, every capability together: an
+        // open connection holds its ticket's receiver until it closes.
+        let (views, all) = entries
+            .values()
+            .filter(|e| e.computer == entry.computer)
+            .fold((0, 0), |(v, a), e| {
+                let n = e.revoke.receiver_count();
+                (v + if e.mode == ScreenMode::View { n } else { 0 }, a + n)
+            });
+        let full = match entry.mode {
+            ScreenMode::View => views >= MAX_VIEW_CONNECTIONS,
+            ScreenMode::Control => false,
+        };
+        if full || all >= MAX_SCREEN_CONNECTIONS {
+            return Err(RegistryError::ScreenFull(entry.mode));
         }
         Ok(Ticket {
             screen_id,
@@ -412,13 +473,23 @@ mod tests {
                 .unwrap_err(),
             RegistryError::BadTtl
         );
-        for _ in 0..MAX_SCREENS_PER_COMPUTER {
+        for _ in 0..MAX_SCREENS_PER_COMPUTER - CONTROL_RESERVE {
             reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0)).unwrap();
         }
+        let refused = reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0));
         assert_eq!(
-            reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0))
-                .unwrap_err(),
-            RegistryError::TooManyScreens
+            refused,
+            Err(RegistryError::TooManyScreens(ScreenMode::View))
+        );
+        // The room kept for control is there, and then all is taken.
+        for _ in 0..CONTROL_RESERVE {
+            reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0))
+                .unwrap();
+        }
+        let refused = reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0));
+        assert_eq!(
+            refused,
+            Err(RegistryError::TooManyScreens(ScreenMode::Control))
         );
         reg.mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0))
             .unwrap();
@@ -553,5 +624,39 @@ mod tests {
         );
         drop(tickets);
         assert!(reg.authorize(g.screen_id, &g.token).is_ok());
+    }
+
+    /// Two view capabilities of 32 connections each would fill the guest's
+    /// 64: view stops at 56, the lease holder's control still gets in, and
+    /// the desktop never carries more than 64.
+    #[tokio::test(start_paused = true)]
+    async fn connections_per_computer_match_the_guest_and_keep_room_for_control() {
+        let reg = ScreenRegistry::new();
+        let c = Uuid::new_v4();
+        let mint = |mode| reg.mint(c, mode, MINUTE, 0, Epoch(0)).unwrap();
+        let (v1, v2, ctl) = (
+            mint(ScreenMode::View),
+            mint(ScreenMode::View),
+            mint(ScreenMode::Control),
+        );
+        let mut open: Vec<Ticket> = (0..MAX_CONNECTIONS_PER_SCREEN)
+            .map(|_| reg.authorize(v1.screen_id, &v1.token).unwrap())
+            .collect();
+        for _ in MAX_CONNECTIONS_PER_SCREEN..MAX_VIEW_CONNECTIONS {
+            open.push(reg.authorize(v2.screen_id, &v2.token).unwrap());
+        }
+        let refused = reg.authorize(v2.screen_id, &v2.token).unwrap_err();
+        assert_eq!(refused, RegistryError::ScreenFull(ScreenMode::View));
+        assert!(refused.to_string().len() <= 123, "fits a close reason");
+        for _ in 0..CONTROL_RESERVE {
+            open.push(reg.authorize(ctl.screen_id, &ctl.token).unwrap());
+        }
+        assert_eq!(open.len(), MAX_SCREEN_CONNECTIONS);
+        assert_eq!(
+            reg.authorize(ctl.screen_id, &ctl.token).unwrap_err(),
+            RegistryError::ScreenFull(ScreenMode::Control)
+        );
+        open.truncate(MAX_VIEW_CONNECTIONS - 1);
+        assert!(reg.authorize(v2.screen_id, &v2.token).is_ok(), "room again");
     }
 }

@@ -370,7 +370,9 @@ fn ensure_dirs(
 /// Deletes `rel`: a file, symlink (the link itself) or special file; an
 /// empty directory; with `recursive`, a directory and everything below it,
 /// refused before anything is removed when it holds more than
-/// [`FilesConfig::max_delete_entries`].
+/// [`FilesConfig::max_delete_entries`]. A tree the guest keeps changing
+/// under the removal is [`WorkspaceError::Changed`] (what was removed stays
+/// removed; nothing outside the tree is touched).
 pub fn delete(
     root: &WorkspaceRoot,
     rel: &WorkspacePath,
@@ -399,7 +401,7 @@ pub fn delete(
         let dir = open_child_dir(parent.as_fd(), name).map_err(|e| io_to_resolve(e, rel))?;
         let depth = super::path::MAX_COMPONENTS;
         let counted = tree::count_bounded(dir.as_fd(), cfg.max_delete_entries, depth)
-            .map_err(|e| WorkspaceError::io("count", rel, e))?;
+            .map_err(|e| removal_error(e.into(), rel))?;
         if counted.is_none() {
             return Err(WorkspaceError::TooManyEntries {
                 path: rel.to_string(),
@@ -407,8 +409,13 @@ pub fn delete(
             });
         }
         drop(dir);
-        tree::remove_tree(parent.as_fd(), name, depth + 1)
-            .map_err(|e| WorkspaceError::io("delete", rel, e))?
+        // Room for what the guest adds while the tree goes, and no more: a
+        // guest that adds entries as fast as they go gets `Changed`.
+        let budget = cfg.max_delete_entries.saturating_mul(2).saturating_add(1);
+        let mut left = budget;
+        let removed = tree::remove_tree(parent.as_fd(), name, depth + 1, &mut left);
+        removed.map_err(|e| removal_error(e, rel))?;
+        budget - left
     };
     nix::unistd::fsync(&parent)
         .map_err(|e| WorkspaceError::io("fsync directory of", rel, e.into()))?;
@@ -431,6 +438,18 @@ pub(crate) fn sane_dir_mode(mode: u32) -> u32 {
 pub(crate) fn mtime_of(st: &FileStat) -> DateTime<Utc> {
     let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
     DateTime::from_timestamp(st.st_mtime, nanos).unwrap_or_default()
+}
+
+/// A failed recursive removal: a race with the guest (an entry swapped for
+/// a link or a directory, entries added faster than removed) is
+/// [`WorkspaceError::Changed`], anything else an I/O failure.
+fn removal_error(e: tree::RemoveError, rel: &WorkspacePath) -> WorkspaceError {
+    match e {
+        tree::RemoveError::Changed => WorkspaceError::Changed {
+            path: rel.to_string(),
+        },
+        tree::RemoveError::Io(e) => WorkspaceError::io("delete", rel, e),
+    }
 }
 
 /// An `io::Error` from an `*at` step on a last component, typed like a

@@ -37,8 +37,8 @@ use std::fmt;
 use std::io;
 
 pub use archive::{
-    create_from_tar, export_archive, export_tar, recover, replace_from_tar, Compression,
-    ExportSummary, ImportLimits, ImportSummary, Recovery, Refusal,
+    create_from_tar, export_archive, export_check, export_tar, recover, replace_from_tar,
+    Compression, ExportSummary, ImportLimits, ImportSummary, Recovery, Refusal,
 };
 pub use disk::{disk_usage, DiskUsage, DEFAULT_DISK_DEADLINE};
 pub use files::{
@@ -154,6 +154,20 @@ pub enum WorkspaceError {
         /// The limit.
         limit: u64,
     },
+    /// An export would hold more than the import accepts (its file content
+    /// or its entries), so it is refused (or, past its first byte, ended
+    /// without an end-of-archive marker) at the entry that crosses the line.
+    #[error("the workspace's archive would be larger than an import accepts ({max_bytes} bytes of file content, {max_entries} entries; a sparse file counts at its full size): refused at {path:?} ({size} bytes)")]
+    ExportTooLarge {
+        /// The entry that crosses the line, workspace-relative.
+        path: String,
+        /// Its size (what its `lstat` says, holes included).
+        size: u64,
+        /// The import's limit on file content.
+        max_bytes: u64,
+        /// The import's limit on entries.
+        max_entries: u64,
+    },
     /// An archive was refused; nothing was written to the workspace.
     #[error("archive refused at entry {entry:?}: {reason}")]
     Refused {
@@ -162,6 +176,14 @@ pub enum WorkspaceError {
         entry: String,
         /// Why.
         reason: Refusal,
+    },
+    /// The guest changed the tree under a recursive delete (swapped an entry
+    /// for a link or a directory, or added entries faster than they were
+    /// removed): what was removed stays removed, nothing outside was touched.
+    #[error("{path:?} changed while it was being deleted (an entry was swapped or added); part of it may be gone, nothing outside it was touched; delete it again")]
+    Changed {
+        /// Workspace-relative path.
+        path: String,
     },
     /// Another import, swap or recovery of this workspace holds its lock.
     #[error("another import or recovery of this workspace is under way")]
@@ -197,8 +219,12 @@ impl WorkspaceError {
             | Self::NotAFile { .. } => ErrorClass::BadRequest,
             Self::Refused { reason, .. } => reason.class(),
             Self::NotFound { .. } => ErrorClass::NotFound,
-            Self::NotEmpty { .. } | Self::Busy | Self::Exists { .. } => ErrorClass::Conflict,
-            Self::TooLarge { .. } | Self::TooManyEntries { .. } => ErrorClass::TooLarge,
+            Self::NotEmpty { .. } | Self::Changed { .. } | Self::Busy | Self::Exists { .. } => {
+                ErrorClass::Conflict
+            }
+            Self::TooLarge { .. } | Self::TooManyEntries { .. } | Self::ExportTooLarge { .. } => {
+                ErrorClass::TooLarge
+            }
             Self::Io { .. } => ErrorClass::Internal,
         }
     }

@@ -134,7 +134,13 @@ fn count_into(
             if depth_left == 0 {
                 return Ok(false);
             }
-            let child = open_child_dir(dir, &name)?;
+            let child = match openat(dir, name.as_os_str(), DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                // Gone, or swapped for a link or a file since the `lstat`:
+                // nothing below it to count (the removal looks again).
+                Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => continue,
+                Err(e) => return Err(e.into()),
+            };
             if !count_into(child.as_fd(), limit, depth_left - 1, seen)? {
                 return Ok(false);
             }
@@ -143,32 +149,137 @@ fn count_into(
     Ok(true)
 }
 
+/// Why [`remove_tree`] stopped.
+#[derive(Debug)]
+pub(crate) enum RemoveError {
+    /// The tree kept changing under the removal (an entry swapped for a
+    /// link or a directory, or entries added faster than removed) beyond
+    /// what it retries: what was removed stays removed, nothing outside the
+    /// tree was touched.
+    Changed,
+    /// An I/O failure that is no such race.
+    Io(io::Error),
+}
+
+impl From<Errno> for RemoveError {
+    fn from(e: Errno) -> Self {
+        match e {
+            // What a guest swapping or filling the tree makes the host see.
+            Errno::ELOOP | Errno::ENOTDIR | Errno::EISDIR | Errno::ENOTEMPTY | Errno::EEXIST => {
+                Self::Changed
+            }
+            e => Self::Io(e.into()),
+        }
+    }
+}
+
+impl From<io::Error> for RemoveError {
+    fn from(e: io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(n) => Errno::from_raw(n).into(),
+            None => Self::Io(e),
+        }
+    }
+}
+
+/// How often one entry is looked at again when it changed type between the
+/// `lstat` and the removal (a guest swapping a directory and a link).
+const REMOVE_ATTEMPTS: usize = 4;
+
 /// Removes `name` in `dir` with everything below it; links are removed,
-/// never followed. Deeper than `max_depth` is an error (`ELOOP`-free
-/// recursion needs a bound).
-pub(crate) fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr, max_depth: usize) -> io::Result<u64> {
-    let Some(st) = lstat_at(dir, name)? else {
-        return Ok(0);
+/// never followed, and an entry already gone counts as removed. Deeper than
+/// `max_depth` is an error (`ELOOP`-free recursion needs a bound). Each
+/// removed entry takes one from `budget`; with none left (a guest adding
+/// entries as fast as they go) it is [`RemoveError::Changed`], so the
+/// removal always ends. An entry that changed type under it is looked at
+/// again, [`REMOVE_ATTEMPTS`] times at most, at its own level only (a
+/// parent never retries what a child gave up on, so the work stays linear).
+pub(crate) fn remove_tree(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    max_depth: usize,
+    budget: &mut u64,
+) -> Result<(), RemoveError> {
+    for _ in 0..REMOVE_ATTEMPTS {
+        match remove_once(dir, name, max_depth, budget) {
+            Err(Step::Swapped) => continue,
+            Err(Step::Failed(e)) => return Err(e),
+            Ok(()) => return Ok(()),
+        }
+    }
+    Err(RemoveError::Changed)
+}
+
+/// Why one try of [`remove_tree`] did not finish.
+enum Step {
+    /// `name` itself is no longer what its `lstat` said: look again.
+    Swapped,
+    /// Give up (a child's removal gave up, or a real failure).
+    Failed(RemoveError),
+}
+
+impl From<Errno> for Step {
+    fn from(e: Errno) -> Self {
+        match RemoveError::from(e) {
+            RemoveError::Changed => Self::Swapped,
+            e => Self::Failed(e),
+        }
+    }
+}
+
+fn remove_once(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    max_depth: usize,
+    budget: &mut u64,
+) -> Result<(), Step> {
+    let st = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(Step::Failed(RemoveError::Io(e.into()))),
     };
+    if *budget == 0 {
+        return Err(Step::Failed(RemoveError::Changed));
+    }
     if kind_of(st.st_mode) != SFlag::S_IFDIR {
-        unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
-        return Ok(1);
+        return match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => {
+                *budget -= 1;
+                Ok(())
+            }
+            Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
     }
     if max_depth == 0 {
-        return Err(io::Error::other("the tree is nested too deep to remove"));
+        return Err(Step::Failed(RemoveError::Io(io::Error::other(
+            "the tree is nested too deep to remove",
+        ))));
     }
-    let child = open_child_dir(dir, name)?;
-    let mut removed = 0;
+    let child = match openat(dir, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
     loop {
-        // Re-list until empty: entries may be added while we remove.
-        let (names, _) = read_names(child.as_fd(), 4096)?;
+        // Re-list until empty: entries may be added while we remove (the
+        // budget ends a guest that never stops adding them).
+        let (names, _) =
+            read_names(child.as_fd(), 4096).map_err(|e| Step::Failed(RemoveError::from(e)))?;
         if names.is_empty() {
             break;
         }
         for n in names {
-            removed += remove_tree(child.as_fd(), &n, max_depth - 1)?;
+            remove_tree(child.as_fd(), &n, max_depth - 1, budget).map_err(Step::Failed)?;
         }
     }
-    unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
-    Ok(removed + 1)
+    match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
+        Ok(()) => {
+            *budget = budget.saturating_sub(1);
+            Ok(())
+        }
+        Err(Errno::ENOENT) => Ok(()),
+        // Entries added after the last listing: this level lists again.
+        Err(e) => Err(e.into()),
+    }
 }

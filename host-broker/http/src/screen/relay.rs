@@ -18,6 +18,7 @@ use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use dormouse_protocol::screen::{
     RevokeReason, ScreenMode, CLOSE_DESKTOP_GONE, CLOSE_PROTOCOL, CLOSE_TOO_SLOW,
+    MAX_SCREEN_CONNECTIONS,
 };
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -100,6 +101,9 @@ pub enum RelayEnd {
     TooSlow,
     /// The VNC server closed or failed.
     DesktopGone,
+    /// The VNC server closed before it said a byte: the guest refused the
+    /// connection (its screen full) or its server does not answer.
+    DesktopRefused,
 }
 
 impl RelayEnd {
@@ -114,6 +118,12 @@ impl RelayEnd {
             Self::DesktopGone => {
                 Some((CLOSE_DESKTOP_GONE, "the desktop's screen closed".to_owned()))
             }
+            Self::DesktopRefused => Some((
+                CLOSE_DESKTOP_GONE,
+                format!(
+                    "the desktop's screen closed before its greeting (full at {MAX_SCREEN_CONNECTIONS}, or not answering)"
+                ),
+            )),
         }
     }
 }
@@ -207,6 +217,7 @@ where
                 Ok(0) | Err(_) => {
                     return match tokio::time::timeout(limits.gone_grace, until_revoked(revoked_rx)).await {
                         Ok(reason) => RelayEnd::Revoked(reason),
+                        Err(_) if stats.to_viewer == 0 => RelayEnd::DesktopRefused,
                         Err(_) => RelayEnd::DesktopGone,
                     };
                 }

@@ -282,7 +282,8 @@ impl RfbFilter {
                     8 + 16 * usize::from(p[6])
                 }
             }
-            252 => 4,
+            // xvp: type, padding, extension version, message code.
+            250 => 4,
             255 => {
                 if p.len() < 2 {
                     2
@@ -325,8 +326,8 @@ impl RfbFilter {
             }
             2 | 3 | 150 => Parsed::Whole { forward: true },
             248 => Parsed::Whole { forward: true },
-            // Input, desktop resizing and power (xvp): control only.
-            4 | 5 | 251 | 252 => Parsed::Whole { forward: control },
+            // Input, desktop resizing and power (xvp, 250): control only.
+            4 | 5 | 250 | 251 => Parsed::Whole { forward: control },
             6 => {
                 // A negative length is the extended-clipboard form; its size
                 // is the absolute value either way.
@@ -445,7 +446,8 @@ mod tests {
             pointer(0, 100, 200),
             cut_text(b"secret clipboard"),
             qemu_key(),
-            vec![252, 0, 1, 2],
+            // xvp version 1, shutdown.
+            vec![250, 0, 1, 2],
             {
                 let mut d = vec![251, 0, 4, 0, 3, 0, 1, 0];
                 d.extend_from_slice(&[0u8; 16]);
@@ -580,6 +582,8 @@ mod tests {
             (cut, RfbViolation::CutTextTooLong(MAX_CUT_TEXT + 1)),
             (neg_cut, RfbViolation::CutTextTooLong(1 << 31)),
             (vec![7], RfbViolation::UnknownMessage(7)),
+            // gii (252) has a length of its own; nothing noVNC sends.
+            (vec![252, 0, 0, 4], RfbViolation::UnknownMessage(252)),
             (vec![255, 9], RfbViolation::UnknownQemu(9)),
             (vec![255, 1, 0, 7], RfbViolation::UnknownQemu(7)),
             (pixel_format(24), RfbViolation::BadPixelFormat(24)),

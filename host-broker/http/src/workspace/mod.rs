@@ -14,7 +14,7 @@ use std::future::Future;
 use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -27,16 +27,16 @@ use uuid::Uuid;
 
 mod encoding;
 
-use super::body::BodyDeadline;
+use super::body::{stream_from, BodyDeadline};
 use super::error::HttpError;
 use super::extract::{ComputerId, Generation, JsonBody};
 use super::{computers, ApiState};
 use dormouse_core::error::BrokerError;
 use dormouse_core::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
-use dormouse_core::workspace::stream::{Chunk, DEFAULT_CHUNK};
+use dormouse_core::workspace::stream::Chunk;
 use dormouse_core::workspace::{
-    create_from_tar, delete, export_archive, open, write_file, ChannelReader, ChannelWriter,
-    Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    create_from_tar, delete, export_archive, export_check, open, write_file, ChannelReader, Opened,
+    WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use encoding::{accepted_encoding, check_upload_format};
 
@@ -191,11 +191,20 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
         // Opened before answering, so a missing workspace is a clean error
         // (and the hold, dropped with the grant, ends at once).
         let path = grant.path.clone();
-        let root = blocking(move || WorkspaceRoot::open(&path)).await?;
+        // What the import would refuse is refused here, before a byte is
+        // sent (the walk itself holds the same bound if the tree grows).
+        let limits = grant.limits.import.clone();
+        let root = blocking(move || {
+            let root = WorkspaceRoot::open(&path)?;
+            export_check(&root, &limits)?;
+            Ok(root)
+        })
+        .await?;
+        let limits = grant.limits.import.clone();
         let quiesced = grant.quiesced;
         let hold = grant.hold.take();
         let body = stream_from(move |w| {
-            let result = export_archive(&root, w, compression);
+            let result = export_archive(&root, w, compression, &limits);
             // The archive is read (or given up: a client that went away
             // fails the next write): the guest may reopen the browsers.
             drop(hold);
@@ -387,28 +396,6 @@ async fn blocking<T: Send + 'static>(
 /// Opens the granted workspace's root.
 fn root(grant: &WorkspaceGrant) -> Result<WorkspaceRoot, WorkspaceError> {
     WorkspaceRoot::open(&grant.path)
-}
-
-/// A response body fed by `produce` writing on the blocking pool; an error
-/// ends the body with an error (the client sees a broken transfer, never a
-/// short file or archive that looks whole).
-fn stream_from(
-    produce: impl FnOnce(&mut ChannelWriter) -> io::Result<()> + Send + 'static,
-) -> Body {
-    let (tx, rx) = mpsc::channel::<Chunk>(CHANNEL_DEPTH);
-    tokio::task::spawn_blocking(move || {
-        let mut writer = ChannelWriter::new(tx, DEFAULT_CHUNK);
-        match produce(&mut writer) {
-            Ok(()) => {
-                let _ = writer.finish();
-            }
-            Err(e) => writer.fail(e),
-        }
-    });
-    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (chunk.map(Bytes::from), rx))
-    });
-    Body::from_stream(chunks)
 }
 
 /// Runs `consume` on the blocking pool over the request's body.

@@ -21,7 +21,9 @@ use nix::sys::stat::{FileStat, SFlag};
 use tar::{EntryType as TarType, Header};
 
 use super::compression::Encoder;
-use super::{Compression, ExportSummary, BROWSER_CACHES, BROWSER_LOCKS, BROWSER_PROFILES};
+use super::{
+    Compression, ExportSummary, ImportLimits, BROWSER_CACHES, BROWSER_LOCKS, BROWSER_PROFILES,
+};
 use crate::workspace::path::{kind_of, WorkspacePath, WorkspaceRoot};
 use crate::workspace::tree::{lstat_at, open_child_dir, open_regular, read_names};
 use crate::workspace::WorkspaceError;
@@ -87,18 +89,27 @@ impl Read for ExactReader {
 type Builder<W> = tar::Builder<Encoder<Poisonable<W>>>;
 
 /// Writes a plain tar of the workspace into `out` (see
-/// [`export_archive`]).
+/// [`export_archive`]), within the default import limits.
 pub fn export_tar<W: Write>(root: &WorkspaceRoot, out: W) -> Result<ExportSummary, WorkspaceError> {
-    export_archive(root, out, Compression::None)
+    export_archive(root, out, Compression::None, &ImportLimits::default())
 }
 
 /// Writes a tar of the workspace into `out`, compressed as `compression`
 /// says (see the module documentation for what is left out). On error the
 /// stream is left without its end-of-archive marker and trailer.
+///
+/// The archive is bounded by what the import accepts (`limits`): more file
+/// content than [`ImportLimits::max_total_bytes`] (a sparse file counts at
+/// its full size: the import takes no holes) or more entries than
+/// [`ImportLimits::max_entries`] ends it with
+/// [`WorkspaceError::ExportTooLarge`] the moment the entry that crosses the
+/// line comes up, before a byte of that entry is read. Call
+/// [`export_check`] first to refuse such a workspace before answering.
 pub fn export_archive<W: Write>(
     root: &WorkspaceRoot,
     out: W,
     compression: Compression,
+    limits: &ImportLimits,
 ) -> Result<ExportSummary, WorkspaceError> {
     let poisoned = Rc::new(Cell::new(false));
     let sink = Poisonable {
@@ -106,12 +117,8 @@ pub fn export_archive<W: Write>(
         poisoned: poisoned.clone(),
     };
     let write_err = |e| WorkspaceError::io("write the archive of", root.path().display(), e);
-    let mut walk = Walk {
-        builder: tar::Builder::new(Encoder::new(sink, compression).map_err(write_err)?),
-        dev: root.dev(),
-        summary: ExportSummary::default(),
-        seen: HashMap::new(),
-    };
+    let builder = tar::Builder::new(Encoder::new(sink, compression).map_err(write_err)?);
+    let mut walk = Walk::new(builder, root, limits, false);
     let top = root.open_dir(&WorkspacePath::root())?;
     if let Err(e) = walk.dir(top.as_fd(), &WorkspacePath::root()) {
         // Dropping the builder would write the end-of-archive marker.
@@ -127,17 +134,82 @@ pub fn export_archive<W: Write>(
     Ok(summary)
 }
 
+/// What an export of the workspace would hold now, walked as the export
+/// walks it (the same entries left out) but reading no file: the
+/// [`WorkspaceError::ExportTooLarge`] an export would end with, before any
+/// of it is sent. Only `lstat`s: cheap beside the export itself.
+pub fn export_check(
+    root: &WorkspaceRoot,
+    limits: &ImportLimits,
+) -> Result<ExportSummary, WorkspaceError> {
+    let write_err = |e| WorkspaceError::io("measure the archive of", root.path().display(), e);
+    let builder = tar::Builder::new(
+        Encoder::new(
+            Poisonable {
+                inner: io::sink(),
+                poisoned: Rc::new(Cell::new(false)),
+            },
+            Compression::None,
+        )
+        .map_err(write_err)?,
+    );
+    let mut walk = Walk::new(builder, root, limits, true);
+    let top = root.open_dir(&WorkspacePath::root())?;
+    walk.dir(top.as_fd(), &WorkspacePath::root())?;
+    Ok(walk.summary)
+}
+
 /// One export's walk.
-struct Walk<W: Write> {
+struct Walk<'l, W: Write> {
     builder: Builder<W>,
     dev: u64,
     summary: ExportSummary,
     /// Files with more than one name, by (device, inode): the path of the
     /// name written first.
     seen: HashMap<(u64, u64), WorkspacePath>,
+    /// What the import accepts, which bounds what is written.
+    limits: &'l ImportLimits,
+    /// Entries written so far (every type).
+    entries: u64,
+    /// Measure only ([`export_check`]): no file is opened, nothing written.
+    dry: bool,
 }
 
-impl<W: Write> Walk<W> {
+impl<'l, W: Write> Walk<'l, W> {
+    fn new(builder: Builder<W>, root: &WorkspaceRoot, limits: &'l ImportLimits, dry: bool) -> Self {
+        Self {
+            builder,
+            dev: root.dev(),
+            summary: ExportSummary::default(),
+            seen: HashMap::new(),
+            limits,
+            entries: 0,
+            dry,
+        }
+    }
+
+    /// Counts one more entry of `size` bytes of content against the
+    /// import's limits.
+    fn admit(&mut self, child: &WorkspacePath, size: u64) -> Result<(), WorkspaceError> {
+        self.entries += 1;
+        let over_bytes = size
+            > self
+                .limits
+                .max_total_bytes
+                .saturating_sub(self.summary.bytes);
+        if self.entries > self.limits.max_entries || over_bytes {
+            return Err(WorkspaceError::ExportTooLarge {
+                path: child.to_string(),
+                size,
+                max_bytes: self.limits.max_total_bytes,
+                max_entries: self.limits.max_entries,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write> Walk<'_, W> {
     fn dir(&mut self, dir: BorrowedFd<'_>, rel: &WorkspacePath) -> Result<(), WorkspaceError> {
         let (mut names, _) =
             read_names(dir, usize::MAX).map_err(|e| WorkspaceError::io("list", rel, e))?;
@@ -193,6 +265,7 @@ impl<W: Write> Walk<W> {
     ) -> Result<(), WorkspaceError> {
         let mut path = child.as_bytes().to_vec();
         path.push(b'/');
+        self.admit(child, 0)?;
         let entry = Entry::new(TarType::Directory, &path, st);
         self.append(entry, io::empty(), child)?;
         self.summary.dirs += 1;
@@ -222,6 +295,7 @@ impl<W: Write> Walk<W> {
             }
             Err(e) => return Err(WorkspaceError::io("read the link", child, e.into())),
         };
+        self.admit(child, 0)?;
         let mut entry = Entry::new(TarType::Symlink, child.as_bytes(), st);
         entry.link = Some(target.as_bytes());
         self.append(entry, io::empty(), child)?;
@@ -239,12 +313,23 @@ impl<W: Write> Walk<W> {
         let key = (st.st_dev, st.st_ino);
         if st.st_nlink > 1 {
             if let Some(first) = self.seen.get(&key).cloned() {
+                self.admit(child, 0)?;
                 let mut entry = Entry::new(TarType::Link, child.as_bytes(), st);
                 entry.link = Some(first.as_bytes());
                 self.append(entry, io::empty(), child)?;
                 self.summary.hard_links += 1;
                 return Ok(());
             }
+        }
+        let listed = u64::try_from(st.st_size).unwrap_or(0);
+        self.admit(child, listed)?;
+        if self.dry {
+            if st.st_nlink > 1 {
+                self.seen.insert(key, child.clone());
+            }
+            self.summary.files += 1;
+            self.summary.bytes += listed;
+            return Ok(());
         }
         let opened = match open_regular(dir, name, Some(st)) {
             Ok(Some(pair)) => pair,
@@ -259,7 +344,9 @@ impl<W: Write> Walk<W> {
             Err(e) => return Err(WorkspaceError::io("open", child, e)),
         };
         let (file, st) = opened;
-        let size = u64::try_from(st.st_size).unwrap_or(0);
+        // The size admitted: a file grown since its `lstat` is cut there
+        // (as one growing while it is read is), so the bound holds.
+        let size = u64::try_from(st.st_size).unwrap_or(0).min(listed);
         let mut entry = Entry::new(TarType::Regular, child.as_bytes(), &st);
         entry.size = size;
         let mut reader = ExactReader {
@@ -287,6 +374,9 @@ impl<W: Write> Walk<W> {
         data: impl Read,
         child: &WorkspacePath,
     ) -> Result<(), WorkspaceError> {
+        if self.dry {
+            return Ok(());
+        }
         let fail = |e| WorkspaceError::io("write the archive entry of", child, e);
         let (header, records) = entry.header();
         if !records.is_empty() {

@@ -52,7 +52,7 @@ pub mod import;
 pub mod recovery;
 
 pub use dormouse_protocol::workspace::{Compression, Imported as ImportSummary};
-pub use export::{export_archive, export_tar};
+pub use export::{export_archive, export_check, export_tar};
 pub use recovery::{create_from_tar, recover, replace_from_tar, Recovery};
 
 use serde::Serialize;
