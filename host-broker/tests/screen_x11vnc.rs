@@ -183,7 +183,7 @@ async fn view_input_never_reaches_x11vnc_and_control_input_does() {
     // the guest's pointer.
     let epoch = registry.epoch(computer);
     let view = registry
-        .mint(computer, ScreenMode::View, 60_000, 0, epoch)
+        .mint(computer, ScreenMode::View, 60_000, 0, epoch, None)
         .unwrap();
     let mut v = viewer(&ws, &view).await;
     v.send(&dormouse_e2e::rfb::set_pixel_format_bgrx())
@@ -223,6 +223,7 @@ async fn view_input_never_reaches_x11vnc_and_control_input_does() {
             60_000,
             0,
             registry.epoch(computer),
+            None,
         )
         .unwrap();
     let mut c = viewer(&ws, &control).await;

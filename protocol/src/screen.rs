@@ -130,6 +130,36 @@ pub struct CreateScreen {
     /// [`DEFAULT_SCREEN_TTL_MS`] when left out.
     #[serde(default)]
     pub ttl_ms: Option<u64>,
+    /// Why a person is asked to look (an agent's "log in to the bank, then
+    /// press Done"): one line of at most [`MAX_SCREEN_REASON`] characters,
+    /// shown on the desktop's card in the panel while the capability lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Longest [`CreateScreen::reason`], in characters.
+pub const MAX_SCREEN_REASON: usize = 200;
+
+impl CreateScreen {
+    /// Checks what the registry does not: the reason is one line of
+    /// printable text within [`MAX_SCREEN_REASON`] characters.
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(reason) = &self.reason else {
+            return Ok(());
+        };
+        if reason.trim().is_empty() {
+            return Err("reason is empty".into());
+        }
+        if reason.chars().count() > MAX_SCREEN_REASON {
+            return Err(format!(
+                "reason is longer than {MAX_SCREEN_REASON} characters"
+            ));
+        }
+        if reason.chars().any(char::is_control) {
+            return Err("reason has a control character (it is one line of text)".into());
+        }
+        Ok(())
+    }
 }
 
 /// The `201` answer to [`CreateScreen`]: the only time the token is shown.
@@ -164,6 +194,8 @@ pub struct ScreenInfo {
     pub expires_at: DateTime<Utc>,
     /// Open WebSocket connections using it.
     pub connections: u32,
+    /// Why a person was asked to look, as minted.
+    pub reason: Option<String>,
 }
 
 /// The WebSocket path of a capability.
@@ -198,6 +230,7 @@ mod tests {
         let req: CreateScreen =
             serde_json::from_str(r#"{"mode":"view"}"#).unwrap_or_else(|e| panic!("parses: {e}"));
         assert_eq!(req.ttl_ms, None);
+        assert_eq!(req.reason, None);
         assert!(serde_json::from_str::<CreateScreen>(r#"{"mode":"admin"}"#).is_err());
         assert!(serde_json::from_str::<CreateScreen>(r#"{"mode":"view","x":1}"#).is_err());
     }

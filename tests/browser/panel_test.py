@@ -542,6 +542,41 @@ def run_viewer_fit(base, api, cid, evidence):
         api.call("DELETE", f"/v1/screens/{grant['screen_id']}")
 
 
+def run_asks(base, token, cid, api, evidence):
+    """An agent's screen link minted with a reason shows on the card at
+    once, and goes away when the link is revoked."""
+    from selenium.webdriver.common.by import By
+
+    reason = "Sign in to the mail for me, then say done \u2709"
+    driver = chromium_driver()
+    card_sel = f'li[data-id="{cid}"]'
+    try:
+        driver.get(base + "/")
+        wait_for(driver, lambda d: d.find_element(By.ID, "token").is_displayed(), "the sign-in form")
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
+        wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, card_sel + " .state").text == "Running",
+                 "the running card")
+        box = lambda d: d.find_element(By.CSS_SELECTOR, card_sel + " .asks")
+        assert not box(driver).is_displayed(), "a request shown before any was made"
+        grant = api.call("POST", f"/v1/computers/{cid}/screens",
+                         {"mode": "control", "ttl_ms": 120000, "reason": reason})
+        t0 = time.monotonic()
+        wait_for(driver, lambda d: box(d).is_displayed() and reason in box(d).text,
+                 "the request on the card", timeout=15)
+        shown_after = time.monotonic() - t0
+        text = box(driver).text
+        assert "a control link" in text and "not opened yet" in text, text
+        png = evidence / "panel-asks.png"
+        driver.save_screenshot(str(png))
+        api.call("DELETE", f"/v1/screens/{grant['screen_id']}")
+        wait_for(driver, lambda d: not box(d).is_displayed(), "the request gone after the revoke", timeout=15)
+        log(f"a person asked: {text!r} shown {shown_after:.1f} s after the mint, gone after the "
+            f"revoke; evidence {png}")
+    finally:
+        driver.quit()
+
+
 def run_polling_fallback(base, token, cid, api, evidence):
     """Without a WebSocket the panel polls GET /v1/computers every 2 s and
     still follows a change made elsewhere (here: a stop through the API)."""
@@ -645,6 +680,7 @@ def main():
             api.call("POST", f"/v1/computers/{cid}/start")
             api.wait(cid, lambda s: s["ready"], "ready again")
         run_viewer_fit(base, api, cid, evidence)
+        run_asks(base, token, cid, api, evidence)
         run_polling_fallback(base, token, cid, api, evidence)
         log("PASSED")
         print("1 passed, 0 failed")

@@ -50,6 +50,7 @@ async fn mint(
             &CreateScreen {
                 mode,
                 ttl_ms: Some(ttl_ms),
+                reason: None,
             },
         )
         .await?)
@@ -473,6 +474,8 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         "--control",
         "--ttl",
         "1m",
+        "--reason",
+        "Log in to the mail, then say done",
     ];
     let mut out = Vec::new();
     dormouse_cli::run(CliArgs::try_parse_from(argv)?, &mut out)
@@ -494,10 +497,33 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let listed = api.screens(id).await?;
     let screen_id = field("screen")?;
     ensure!(
-        listed
-            .iter()
-            .any(|s| s.screen_id.to_string() == screen_id && s.mode == ScreenMode::Control),
-        "the CLI's capability is not listed as control: {listed:?}"
+        listed.iter().any(|s| s.screen_id.to_string() == screen_id
+            && s.mode == ScreenMode::Control
+            && s.reason.as_deref() == Some("Log in to the mail, then say done")),
+        "the CLI's capability is not listed as control with its reason: {listed:?}"
+    );
+    // A reason that is not one line of text is refused, and nothing is minted.
+    for bad in ["two\nlines".to_owned(), "x".repeat(201), " ".into()] {
+        let refused = api
+            .create_screen(
+                id,
+                &CreateScreen {
+                    mode: ScreenMode::View,
+                    ttl_ms: None,
+                    reason: Some(bad.clone()),
+                },
+            )
+            .await;
+        ensure!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("reason")),
+            "reason {bad:?}: {refused:?}"
+        );
+    }
+    ensure!(
+        api.screens(id).await?.len() == listed.len(),
+        "a refused request minted a capability"
     );
     let mut linked = RfbViewer::connect(
         &format!("{}/v1/screens/{screen_id}/rfb", ws_base(broker)),

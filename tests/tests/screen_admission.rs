@@ -40,6 +40,7 @@ async fn mint(
     let request = CreateScreen {
         mode,
         ttl_ms: Some(600_000),
+        reason: None,
     };
     Ok(api
         .with_generation(generation)

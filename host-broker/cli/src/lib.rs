@@ -221,6 +221,10 @@ pub enum CliCommand {
         /// How long the link works, e.g. 10m.
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
         ttl: Duration,
+        /// What the person is asked to do, shown on the desktop's card in
+        /// the panel while the link works.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
 }
 
@@ -415,9 +419,12 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
             output,
             scale: None,
         } => screenshot::run(c, &id, &output, json, out).await,
-        CliCommand::Screen { id, control, ttl } => {
-            screen::screen(c, &id, control, ttl, json, out).await
-        }
+        CliCommand::Screen {
+            id,
+            control,
+            ttl,
+            reason,
+        } => screen::screen(c, &id, control, ttl, reason, json, out).await,
         CliCommand::Lease { id, holder, ttl } => lease::run(c, &id, holder, ttl, json, out).await,
         CliCommand::Exec {
             id,

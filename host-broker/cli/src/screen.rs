@@ -17,6 +17,7 @@ pub async fn screen(
     id: &str,
     control: bool,
     ttl: Duration,
+    reason: Option<String>,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
@@ -28,6 +29,7 @@ pub async fn screen(
             ScreenMode::View
         },
         ttl_ms: Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+        reason,
     };
     let grant = client.create_screen(id, &request).await?;
     let link = viewer_link(&grant);

@@ -89,6 +89,9 @@ pub async fn create(
     let fence = parse_generation(&headers)?;
     let request: CreateScreen = serde_json::from_slice(&body)
         .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
+    request
+        .validate()
+        .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
     let ttl_ms = request.ttl_ms.unwrap_or(DEFAULT_SCREEN_TTL_MS);
     // A revocation between admission and mint (another capability's, a
     // generation change) refuses the mint; admit again a few times before
@@ -98,10 +101,14 @@ pub async fn create(
         attempts += 1;
         let epoch = gw.registry.epoch(computer);
         let current = gw.host.admit(computer, request.mode, fence).await?;
-        match gw
-            .registry
-            .mint(computer, request.mode, ttl_ms, current, epoch)
-        {
+        match gw.registry.mint(
+            computer,
+            request.mode,
+            ttl_ms,
+            current,
+            epoch,
+            request.reason.as_deref(),
+        ) {
             Err(RegistryError::Raced) if attempts < 3 => continue,
             other => break other?,
         }
@@ -111,6 +118,7 @@ pub async fn create(
         screen = %grant.screen_id,
         mode = grant.mode.as_str(),
         ttl_ms,
+        reason = request.reason.as_deref().unwrap_or(""),
         "screen capability minted"
     );
     Ok((

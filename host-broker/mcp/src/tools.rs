@@ -104,6 +104,9 @@ pub struct LinkArgs {
     pub mode: String,
     /// Seconds the link works (default the broker's).
     pub ttl: Option<u64>,
+    /// What the person is asked to do, one line (at most 200 characters),
+    /// shown on the desktop's card in the panel while the link works.
+    pub reason: Option<String>,
     /// The desktop (id or name); optional when the server is bound to one.
     pub desktop: Option<String>,
 }
@@ -364,7 +367,7 @@ impl Dormouse {
     }
 
     #[tool(
-        description = "Make a link for a person to watch (mode view) or take over (mode control) the desktop's screen, for the moment a human is needed (a login, a 2FA code). Give the person the URL; a control link revokes itself when the lease changes hands."
+        description = "Make a link for a person to watch (mode view) or take over (mode control) the desktop's screen, for the moment a human is needed (a login, a 2FA code). Say in `reason` what the person should do: the panel shows it on the desktop's card. Give the person the URL; a control link revokes itself when the lease changes hands."
     )]
     async fn screen_link(
         &self,
@@ -389,6 +392,7 @@ impl Dormouse {
                 let request = CreateScreen {
                     mode,
                     ttl_ms: a.ttl.map(|s| s.saturating_mul(1000)),
+                    reason: a.reason,
                 };
                 let grant = client.create_screen(id, &request).await?;
                 let link = viewer_link(&grant);

@@ -178,6 +178,7 @@ async fn mint(api: &ApiClient, id: uuid::Uuid, mode: ScreenMode) -> Result<Scree
             &CreateScreen {
                 mode,
                 ttl_ms: Some(3_600_000),
+                reason: None,
             },
         )
         .await?)

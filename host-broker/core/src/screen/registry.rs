@@ -126,6 +126,7 @@ struct Entry {
     expires_at: DateTime<Utc>,
     deadline: Instant,
     revoke: watch::Sender<Option<RevokeReason>>,
+    reason: Option<String>,
 }
 
 impl Entry {
@@ -138,6 +139,7 @@ impl Entry {
             created_at: self.created_at,
             expires_at: self.expires_at,
             connections: u32::try_from(self.revoke.receiver_count()).unwrap_or(u32::MAX),
+            reason: self.reason.clone(),
         }
     }
 }
@@ -193,7 +195,9 @@ impl ScreenRegistry {
     /// checked the caller's fence); it is ignored for `view`. `epoch` is
     /// what [`epoch`](Self::epoch) said before admission; if the computer's
     /// screens were revoked since, the mint is refused with
-    /// [`RegistryError::Raced`].
+    /// [`RegistryError::Raced`]. `reason` (checked by
+    /// [`CreateScreen::validate`](dormouse_protocol::screen::CreateScreen::validate))
+    /// is kept for the list.
     pub fn mint(
         &self,
         computer: Uuid,
@@ -201,6 +205,7 @@ impl ScreenRegistry {
         ttl_ms: u64,
         generation: u64,
         epoch: Epoch,
+        reason: Option<&str>,
     ) -> Result<ScreenGrant, RegistryError> {
         if !(MIN_SCREEN_TTL_MS..=MAX_SCREEN_TTL_MS).contains(&ttl_ms) {
             return Err(RegistryError::BadTtl);
@@ -244,6 +249,7 @@ impl ScreenRegistry {
                 expires_at,
                 deadline: Instant::now() + ttl,
                 revoke,
+                reason: reason.map(str::to_owned),
             },
         );
         Ok(ScreenGrant {
@@ -425,9 +431,11 @@ mod tests {
         let reg = ScreenRegistry::new();
         let a = Uuid::new_v4();
         let b = Uuid::new_v4();
-        let ga = reg.mint(a, ScreenMode::View, MINUTE, 0, Epoch(0)).unwrap();
+        let ga = reg
+            .mint(a, ScreenMode::View, MINUTE, 0, Epoch(0), None)
+            .unwrap();
         let gb = reg
-            .mint(b, ScreenMode::Control, MINUTE, 7, Epoch(0))
+            .mint(b, ScreenMode::Control, MINUTE, 7, Epoch(0), None)
             .unwrap();
         assert_eq!(ga.token.len(), 64, "256 bits, hex");
         assert_eq!(ga.websocket, format!("/v1/screens/{}/rfb", ga.screen_id));
@@ -465,33 +473,42 @@ mod tests {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
         assert_eq!(
-            reg.mint(c, ScreenMode::View, 999, 0, Epoch(0)).unwrap_err(),
-            RegistryError::BadTtl
-        );
-        assert_eq!(
-            reg.mint(c, ScreenMode::View, MAX_SCREEN_TTL_MS + 1, 0, Epoch(0))
+            reg.mint(c, ScreenMode::View, 999, 0, Epoch(0), None)
                 .unwrap_err(),
             RegistryError::BadTtl
         );
+        assert_eq!(
+            reg.mint(
+                c,
+                ScreenMode::View,
+                MAX_SCREEN_TTL_MS + 1,
+                0,
+                Epoch(0),
+                None
+            )
+            .unwrap_err(),
+            RegistryError::BadTtl
+        );
         for _ in 0..MAX_SCREENS_PER_COMPUTER - CONTROL_RESERVE {
-            reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0)).unwrap();
+            reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None)
+                .unwrap();
         }
-        let refused = reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0));
+        let refused = reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None);
         assert_eq!(
             refused,
             Err(RegistryError::TooManyScreens(ScreenMode::View))
         );
         // The room kept for control is there, and then all is taken.
         for _ in 0..CONTROL_RESERVE {
-            reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0))
+            reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None)
                 .unwrap();
         }
-        let refused = reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0));
+        let refused = reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None);
         assert_eq!(
             refused,
             Err(RegistryError::TooManyScreens(ScreenMode::Control))
         );
-        reg.mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0))
+        reg.mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0), None)
             .unwrap();
     }
 
@@ -500,12 +517,14 @@ mod tests {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
         let other = Uuid::new_v4();
-        let g1 = reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0)).unwrap();
+        let g1 = reg
+            .mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None)
+            .unwrap();
         let g2 = reg
-            .mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0))
+            .mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None)
             .unwrap();
         let g3 = reg
-            .mint(other, ScreenMode::View, MINUTE, 0, Epoch(0))
+            .mint(other, ScreenMode::View, MINUTE, 0, Epoch(0), None)
             .unwrap();
         let mut t1 = reg.authorize(g1.screen_id, &g1.token).unwrap();
         let mut t2 = reg.authorize(g2.screen_id, &g2.token).unwrap();
@@ -535,12 +554,14 @@ mod tests {
     async fn a_generation_change_revokes_only_older_control() {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
-        let view = reg.mint(c, ScreenMode::View, MINUTE, 3, Epoch(0)).unwrap();
+        let view = reg
+            .mint(c, ScreenMode::View, MINUTE, 3, Epoch(0), None)
+            .unwrap();
         let old = reg
-            .mint(c, ScreenMode::Control, MINUTE, 3, Epoch(0))
+            .mint(c, ScreenMode::Control, MINUTE, 3, Epoch(0), None)
             .unwrap();
         let new = reg
-            .mint(c, ScreenMode::Control, MINUTE, 4, Epoch(0))
+            .mint(c, ScreenMode::Control, MINUTE, 4, Epoch(0), None)
             .unwrap();
         let t = reg.authorize(old.screen_id, &old.token).unwrap();
         assert_eq!(reg.revoke_control_except(c, 4), 1);
@@ -554,7 +575,9 @@ mod tests {
     async fn expiry_refuses_new_connections_and_is_swept() {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
-        let g = reg.mint(c, ScreenMode::View, 5_000, 0, Epoch(0)).unwrap();
+        let g = reg
+            .mint(c, ScreenMode::View, 5_000, 0, Epoch(0), None)
+            .unwrap();
         let t = reg.authorize(g.screen_id, &g.token).unwrap();
         assert_eq!(t.deadline, Instant::now() + Duration::from_secs(5));
         tokio::time::advance(Duration::from_millis(4_999)).await;
@@ -572,7 +595,9 @@ mod tests {
     async fn the_sweeper_tells_connections_of_expired_capabilities() {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
-        let g = reg.mint(c, ScreenMode::View, 2_000, 0, Epoch(0)).unwrap();
+        let g = reg
+            .mint(c, ScreenMode::View, 2_000, 0, Epoch(0), None)
+            .unwrap();
         let mut t = reg.authorize(g.screen_id, &g.token).unwrap();
         let stop = tokio_util::sync::CancellationToken::new();
         let sweeper = tokio::spawn({
@@ -593,19 +618,19 @@ mod tests {
         let before = reg.epoch(c);
         reg.revoke_all(c, RevokeReason::Stopped);
         assert_eq!(
-            reg.mint(c, ScreenMode::View, MINUTE, 0, before)
+            reg.mint(c, ScreenMode::View, MINUTE, 0, before, None)
                 .unwrap_err(),
             RegistryError::Raced
         );
         let before = reg.epoch(c);
         reg.revoke_control_except(c, 9);
         assert_eq!(
-            reg.mint(c, ScreenMode::Control, MINUTE, 8, before)
+            reg.mint(c, ScreenMode::Control, MINUTE, 8, before, None)
                 .unwrap_err(),
             RegistryError::Raced
         );
         assert!(reg
-            .mint(c, ScreenMode::Control, MINUTE, 9, reg.epoch(c))
+            .mint(c, ScreenMode::Control, MINUTE, 9, reg.epoch(c), None)
             .is_ok());
     }
 
@@ -613,7 +638,7 @@ mod tests {
     async fn connections_per_capability_are_bounded() {
         let reg = ScreenRegistry::new();
         let g = reg
-            .mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0))
+            .mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0), None)
             .unwrap();
         let tickets: Vec<Ticket> = (0..MAX_CONNECTIONS_PER_SCREEN)
             .map(|_| reg.authorize(g.screen_id, &g.token).unwrap())
@@ -633,7 +658,7 @@ mod tests {
     async fn connections_per_computer_match_the_guest_and_keep_room_for_control() {
         let reg = ScreenRegistry::new();
         let c = Uuid::new_v4();
-        let mint = |mode| reg.mint(c, mode, MINUTE, 0, Epoch(0)).unwrap();
+        let mint = |mode| reg.mint(c, mode, MINUTE, 0, Epoch(0), None).unwrap();
         let (v1, v2, ctl) = (
             mint(ScreenMode::View),
             mint(ScreenMode::View),

@@ -27,6 +27,7 @@
   const PANEL_HOLDER = "panel";
   const EGRESS_REFRESH_MS = 10000;
   const REFUSED_SHOWN = 3;
+  const ASKS_REFRESH_MS = 3000;
 
   /** @type {Map<string, object>} id -> ComputerStatus */
   const computers = new Map();
@@ -38,6 +39,8 @@
   const previews = new Map();
   /** id -> { policy, refused: [entry], fetchedAt, loading } (web access) */
   const egress = new Map();
+  /** id -> { list: [ScreenInfo with a reason, not this panel's], fetchedAt, loading } */
+  const asks = new Map();
   /** id -> live screen session (see openScreen) */
   const screens = new Map();
   /** noVNC's RFB class, once loaded. */
@@ -202,6 +205,7 @@
     acting.delete(id);
     dropPreview(id);
     egress.delete(id);
+    asks.delete(id);
     closeScreen(id, false);
     if (draw) render();
   }
@@ -328,6 +332,65 @@
       at.className = "why";
       at.textContent = " (" + new Date(e.time).toLocaleTimeString() + ")";
       item.append(host, why, at);
+      return item;
+    }));
+  }
+
+  // ---- a person asked for (screen links minted with a reason) ---------------
+
+  /** Reads the live capabilities of `id` and keeps those minted with a
+   *  reason by someone else (an agent's `screen_link`). */
+  async function loadAsks(id) {
+    const entry = asks.get(id) || { list: [], fetchedAt: 0, loading: false };
+    if (entry.loading) return;
+    entry.loading = true;
+    asks.set(id, entry);
+    try {
+      const all = await (await api("GET", "/v1/computers/" + id + "/screens")).json();
+      if (asks.get(id) !== entry) return;
+      const ours = screens.get(id);
+      const mine = ours && ours.grant ? ours.grant.screen_id : null;
+      entry.list = all.filter((s) => s.reason && s.screen_id !== mine);
+    } catch (_) {
+      /* no screen routes, or a blip: keep what was shown */
+    } finally {
+      entry.loading = false;
+      entry.fetchedAt = Date.now();
+      render();
+    }
+  }
+
+  function refreshAsks() {
+    if (document.hidden) return;
+    for (const [id, c] of computers) {
+      const entry = asks.get(id);
+      if (c.container !== "running") {
+        if (entry && entry.list.length) { entry.list = []; render(); }
+        continue;
+      }
+      if (!entry || (!entry.loading && Date.now() - entry.fetchedAt >= ASKS_REFRESH_MS)) loadAsks(id);
+    }
+  }
+
+  function drawAsks(li, entry) {
+    const box = li.querySelector(".asks");
+    const list = li.querySelector(".asks-list");
+    const shown = entry ? entry.list : [];
+    box.hidden = shown.length === 0;
+    const key = shown.map((s) => s.screen_id).join("|");
+    if (list.dataset.key === key) return;
+    list.dataset.key = key;
+    list.replaceChildren(...shown.map((s) => {
+      const item = document.createElement("li");
+      const what = document.createElement("span");
+      what.className = "reason";
+      what.textContent = s.reason;
+      const how = document.createElement("span");
+      how.className = "why";
+      how.textContent = " — " + (s.mode === "control" ? "a control link" : "a view link") +
+        " until " + new Date(s.expires_at).toLocaleTimeString() +
+        (s.connections ? ", open now" : ", not opened yet");
+      item.append(what, how);
       return item;
     }));
   }
@@ -787,6 +850,7 @@
     q(".idle").textContent = idleText(c);
     q(".egress").textContent = egressText(egress.get(c.id));
     drawRefused(li, egress.get(c.id));
+    drawAsks(li, asks.get(c.id));
 
     // Why it cannot start, unless a start is what is going on.
     const blocked = c.container !== "running" && !c.resumable && !starting.has(c.id);
@@ -879,6 +943,7 @@
     }
     for (const id of Array.from(previews.keys())) dropPreview(id);
     egress.clear();
+    asks.clear();
     computers.clear();
     starting.clear();
     acting.clear();
@@ -928,6 +993,7 @@
     setInterval(tickIdle, 1000);
     setInterval(refreshPreviews, 1000);
     setInterval(refreshEgress, 1000);
+    setInterval(refreshAsks, 1000);
     if (token) {
       signIn(token);
     } else {
