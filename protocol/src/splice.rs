@@ -1,7 +1,8 @@
 //! The byte pipe of an egress connection between two sockets, moved by
-//! `splice(2)` through a kernel pipe per direction: the bytes never enter
-//! either process, which matters on a relay that carries every download
-//! three sockets deep (program, supervisor, broker, site).
+//! `splice(2)` through a kernel pipe per direction: past a connection's
+//! first bytes, a download never enters either process, which matters on
+//! a relay that carries it three sockets deep (site, broker, supervisor,
+//! program).
 //!
 //! Each direction starts by copying through a small buffer, and moves to
 //! its own pipe once it has carried [`SPLICE_AFTER`] bytes: a connection
@@ -87,7 +88,8 @@ async fn one_way<F: SpliceSocket, T: SpliceSocket>(
         })
         .await?;
         if got == 0 {
-            return Ok(end_of(to));
+            end_of(to);
+            return Ok(());
         }
         let mut sent = 0;
         while sent < got {
@@ -116,7 +118,8 @@ async fn one_way<F: SpliceSocket, T: SpliceSocket>(
         })
         .await?;
         if got == 0 {
-            return Ok(end_of(to));
+            end_of(to);
+            return Ok(());
         }
         let mut left = got;
         while left > 0 {
