@@ -540,7 +540,13 @@ mod tests {
             format: ImageFormat::Webp,
             quality: Some(30),
         };
-        let served = serve(&Fixed, Request::Screenshot { encoding }, Vec::new(), &mut conn).await;
+        let served = serve(
+            &Fixed,
+            Request::Screenshot { encoding },
+            Vec::new(),
+            &mut conn,
+        )
+        .await;
         assert_eq!(
             served,
             Served::Answer(

@@ -209,7 +209,10 @@ mod tests {
         );
         for f in [Jpeg, Webp] {
             for q in [1, 30, 100] {
-                assert_eq!(ImageEncoding::new(Some(f), Some(q)).map(|e| e.quality()), Ok(q));
+                assert_eq!(
+                    ImageEncoding::new(Some(f), Some(q)).map(|e| e.quality()),
+                    Ok(q)
+                );
             }
             assert_eq!(
                 ImageEncoding::new(Some(f), Some(0)),
@@ -230,7 +233,10 @@ mod tests {
     fn query_text_parses_and_refuses() {
         let ok = ImageEncoding::parse(Some("jpeg"), Some("30")).unwrap();
         assert_eq!((ok.format, ok.quality), (ImageFormat::Jpeg, Some(30)));
-        assert_eq!(ImageEncoding::parse(None, None), Ok(ImageEncoding::default()));
+        assert_eq!(
+            ImageEncoding::parse(None, None),
+            Ok(ImageEncoding::default())
+        );
         assert_eq!(
             ImageEncoding::parse(Some("webp"), Some("300")),
             Err(EncodingError::Quality(300))

@@ -28,7 +28,12 @@ pub(super) fn encode_frame(
                 u16::try_from(v).map_err(|_| ScreenshotError::Unsupported(format!("jpeg side {v}")))
             };
             let encoder = jpeg_encoder::Encoder::new(out, quality);
-            encoder.encode(frame, side(width)?, side(height)?, jpeg_encoder::ColorType::Rgb)?;
+            encoder.encode(
+                frame,
+                side(width)?,
+                side(height)?,
+                jpeg_encoder::ColorType::Rgb,
+            )?;
         }
         ImageFormat::Webp => {
             let expected = u64::from(width) * u64::from(height) * 3;

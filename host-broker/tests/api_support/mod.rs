@@ -21,6 +21,7 @@ use dormouse_protocol::actions::{
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, ContainerState, IdleStatus, LeaseGrant, StopReason,
 };
+use dormouse_protocol::image::ImageFormat;
 use dormouse_protocol::stream::{self, ReadLimits};
 use dormouse_protocol::Phase;
 use dormouse_protocol::{Request, Response};
@@ -40,6 +41,16 @@ pub const PNG: &[u8] = &[
     0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
     0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
 ];
+
+/// What the scripted guest answers for an image of `format`: [`PNG`], or
+/// a few bytes that begin with the JPEG or WebP signature.
+pub fn image_of(format: ImageFormat) -> &'static [u8] {
+    match format {
+        ImageFormat::Png => PNG,
+        ImageFormat::Jpeg => b"\xff\xd8\xff\xe0scripted",
+        ImageFormat::Webp => b"RIFF\x0c\0\0\0WEBPVP8Lscripted",
+    }
+}
 
 /// The scripted core's shared table and its record of commands.
 #[derive(Debug, Default)]
@@ -390,8 +401,8 @@ async fn owner(
 }
 
 /// The guest of the scripted core's desktops: one request per connection,
-/// answered as a well-behaved supervisor would (a screenshot is [`PNG`],
-/// every action succeeds, each image [`PNG`]).
+/// answered as a well-behaved supervisor would (a screenshot is
+/// [`image_of`] its format, every action succeeds, each image too).
 #[derive(Debug)]
 struct ScriptedGuest;
 
@@ -405,12 +416,13 @@ impl GuestRelay for ScriptedGuest {
                     return;
                 };
                 let (response, payload) = match frame.message {
-                    Request::Screenshot => (
+                    Request::Screenshot { encoding } => (
                         Response::Screenshot {
                             width: 1,
                             height: 1,
+                            format: encoding.format,
                         },
-                        PNG.to_vec(),
+                        image_of(encoding.format).to_vec(),
                     ),
                     Request::Actions { batch } => scripted_actions(&batch),
                     _ => (Response::error("unknown_kind", "not scripted"), Vec::new()),
@@ -423,7 +435,8 @@ impl GuestRelay for ScriptedGuest {
     }
 }
 
-/// Every action succeeds; a `screenshot` or `zoom` gives [`PNG`].
+/// Every action succeeds; a `screenshot` or `zoom` gives [`image_of`] the
+/// format it asked for.
 fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
     let mut answer = GuestActionResults {
         results: Vec::new(),
@@ -438,13 +451,15 @@ fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
                 ..ActionResult::ok(name)
             },
             ActionName::Screenshot | ActionName::Zoom => {
-                payload.extend_from_slice(PNG);
+                let format = action.encoding().unwrap_or_default().format;
+                let image = image_of(format);
+                payload.extend_from_slice(image);
                 answer
                     .image_lens
-                    .push(u64::try_from(PNG.len()).unwrap_or(u64::MAX));
+                    .push(u64::try_from(image.len()).unwrap_or(u64::MAX));
                 ActionResult {
                     image: Some(ActionImage {
-                        media_type: "image/png".into(),
+                        media_type: format.media_type().into(),
                         data: String::new(),
                     }),
                     size: Some([1, 1]),

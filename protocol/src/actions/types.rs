@@ -301,12 +301,13 @@ impl Action {
     /// for every other action).
     pub fn encoding(&self) -> Option<ImageEncoding> {
         match self {
-            Self::Screenshot { format, quality } | Self::Zoom { format, quality, .. } => {
-                Some(ImageEncoding {
-                    format: format.unwrap_or_default(),
-                    quality: *quality,
-                })
-            }
+            Self::Screenshot { format, quality }
+            | Self::Zoom {
+                format, quality, ..
+            } => Some(ImageEncoding {
+                format: format.unwrap_or_default(),
+                quality: *quality,
+            }),
             _ => None,
         }
     }
