@@ -145,7 +145,10 @@ pub fn batch_of(
     // as well. Both are the batch's seconds.
     let mut action: Action = serde_json::from_value(Value::Object(args))
         .map_err(|e| ToolError::Invalid(format!("invalid computer action: {e}")))?;
-    let ImageEncoding { format, quality } = images.encoding;
+    // The default encoding is left unnamed, as a batch that names none
+    // (which a supervisor older than the formats also takes).
+    let format = (!images.encoding.is_default()).then_some(images.encoding.format);
+    let quality = images.encoding.quality;
     if let Action::Screenshot {
         format: f,
         quality: q,
@@ -156,15 +159,14 @@ pub fn batch_of(
         ..
     } = &mut action
     {
-        (*f, *q) = (Some(format), quality);
+        if f.is_none() && q.is_none() {
+            (*f, *q) = (format, quality);
+        }
     }
     let after = images.after && changes_screen(&action);
     let mut actions = vec![action];
     if after {
-        actions.push(Action::Screenshot {
-            format: Some(format),
-            quality,
-        });
+        actions.push(Action::Screenshot { format, quality });
     }
     Ok(ActionBatch {
         actions,
@@ -270,6 +272,9 @@ mod tests {
             assert_eq!(b.scale, Some(SPACE));
             let shot = !matches!(a, "screenshot" | "zoom" | "cursor_position");
             assert_eq!(b.actions.len(), if shot { 2 } else { 1 }, "{a}");
+            // PNG, the default, goes unnamed.
+            let json = serde_json::to_value(&b.actions).unwrap();
+            assert!(json.as_array().unwrap().iter().all(|a| a.get("format").is_none()));
         }
         let off = Images {
             after: false,
