@@ -8,46 +8,30 @@
 
 mod api_support;
 
-use api_support::{image_of, Harness, TOKEN};
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use api_support::{call, empty, image_of, with_json, Harness};
+use axum::http::{header, Method, StatusCode};
 use dormouse_protocol::image::ImageFormat;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// Status, `Content-Type` and body of one request to the router.
-async fn call(
+async fn send(
     h: &Harness,
     method: Method,
     uri: &str,
     body: Option<Value>,
 ) -> (StatusCode, String, Vec<u8>) {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
-    let body = match body {
-        Some(v) => {
-            request = request.header(header::CONTENT_TYPE, "application/json");
-            Body::from(v.to_string())
-        }
-        None => Body::empty(),
+    let request = match body {
+        Some(v) => with_json(method, uri, &v.to_string()),
+        None => empty(method, uri),
     };
-    let response = h
-        .router()
-        .oneshot(request.body(body).unwrap())
-        .await
-        .expect("router answers");
-    let status = response.status();
-    let content_type = response
-        .headers()
+    let answer = call(h, request).await;
+    let content_type = answer
+        .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, content_type, bytes.to_vec())
+    (answer.status, content_type, answer.body)
 }
 
 /// The base64 a file of `format` begins with (its signature's first bytes).
@@ -71,7 +55,7 @@ async fn each_format_is_answered_under_its_media_type() {
         ("?quality=100&format=webp", ImageFormat::Webp),
     ] {
         let uri = format!("/v1/computers/{id}/screenshot{query}");
-        let (status, content_type, body) = call(&h, Method::GET, &uri, None).await;
+        let (status, content_type, body) = send(&h, Method::GET, &uri, None).await;
         assert_eq!(status, StatusCode::OK, "{query}");
         assert_eq!(content_type, format.media_type(), "{query}");
         assert_eq!(body, image_of(format), "{query}");
@@ -100,7 +84,7 @@ async fn a_bad_format_or_quality_is_400_and_asks_nothing() {
         ("?size=big", "unknown query parameter \"size\""),
     ] {
         let uri = format!("/v1/computers/{id}/screenshot{query}");
-        let (status, _, body) = call(&h, Method::GET, &uri, None).await;
+        let (status, _, body) = send(&h, Method::GET, &uri, None).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
         let error: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(error["error"]["code"], "bad_request", "{query}");
@@ -124,7 +108,7 @@ async fn batch_images_carry_the_format_they_asked_for() {
         {"action": "screenshot", "format": "jpeg", "quality": 40},
         {"action": "zoom", "region": [0, 0, 1, 1], "format": "webp"},
     ]});
-    let (status, _, body) = call(&h, Method::POST, &uri, Some(batch)).await;
+    let (status, _, body) = send(&h, Method::POST, &uri, Some(batch)).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let results: Value = serde_json::from_slice(&body).unwrap();
     let formats = [ImageFormat::Png, ImageFormat::Jpeg, ImageFormat::Webp];
@@ -140,7 +124,7 @@ async fn batch_images_carry_the_format_they_asked_for() {
         {"type": "screenshot", "format": "jpeg", "quality": 60},
         {"type": "screenshot", "format": "webp"},
     ]});
-    let (status, _, body) = call(&h, Method::POST, &uri, Some(openai)).await;
+    let (status, _, body) = send(&h, Method::POST, &uri, Some(openai)).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let results: Value = serde_json::from_slice(&body).unwrap();
     for (i, format) in formats.into_iter().enumerate() {
@@ -181,7 +165,7 @@ async fn a_bad_encoding_in_a_batch_runs_nothing() {
             "bmp",
         ),
     ] {
-        let (status, _, body) = call(&h, Method::POST, &uri, Some(batch.clone())).await;
+        let (status, _, body) = send(&h, Method::POST, &uri, Some(batch.clone())).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{batch}");
         let text = String::from_utf8_lossy(&body);
         assert!(text.contains(words), "{batch}: {text}");

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{header, Method, StatusCode};
 use chrono::Utc;
 use dormouse_broker::api::{self, ApiState, ApiToken};
 use dormouse_broker::command::{BrokerHandle, Command, Fence};
@@ -26,8 +28,11 @@ use dormouse_protocol::stream::{self, ReadLimits};
 use dormouse_protocol::Phase;
 use dormouse_protocol::{Request, Response};
 use futures_util::future::BoxFuture;
+use http_body_util::BodyExt;
+use serde_json::Value;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc};
+use tower::ServiceExt;
 use uuid::Uuid;
 
 /// The token every test uses.
@@ -470,4 +475,69 @@ fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
         });
     }
     (Response::ActionResults(answer), payload)
+}
+
+/// What the router answered one request.
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: axum::http::HeaderMap,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as JSON (`null` when it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The API error's code.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("<no error code>")
+            .to_owned()
+    }
+}
+
+/// One request through the harness's router, answered whole.
+pub async fn call(h: &Harness, request: axum::http::Request<Body>) -> Answer {
+    let response = h.router().oneshot(request).await.expect("router answers");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A request with the token.
+pub fn req(method: Method, uri: &str) -> axum::http::request::Builder {
+    axum::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+}
+
+/// A request with the token and no body.
+pub fn empty(method: Method, uri: &str) -> axum::http::Request<Body> {
+    req(method, uri).body(Body::empty()).expect("request")
+}
+
+/// A request with the token and a JSON body.
+pub fn with_json(method: Method, uri: &str, body: &str) -> axum::http::Request<Body> {
+    req(method, uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("request")
 }
