@@ -308,7 +308,11 @@ async fn bare_start(trivial: &Desktop) -> Floor {
 async fn screenshot(desktop: &Desktop) -> (u128, usize) {
     let mut client = support::Client::connect(&desktop.socket()).await;
     let started = Instant::now();
-    let frame = client.ask(&Request::Screenshot).await;
+    let frame = client
+        .ask(&Request::Screenshot {
+            encoding: Default::default(),
+        })
+        .await;
     let took = started.elapsed().as_millis();
     match frame.message {
         Response::Screenshot { .. } => (took, frame.payload.len()),

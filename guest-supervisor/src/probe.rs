@@ -308,7 +308,7 @@ async fn x_checks(config: &Config, services: &[ServiceState]) -> [Check; 3] {
                 stats.width,
                 stats.height,
                 stats.strips,
-                stats.png_bytes,
+                stats.bytes,
                 took.as_millis()
             ),
         ),

@@ -1,27 +1,37 @@
-//! Screenshots of the root window, encoded as PNG: the whole screen, a
-//! region of it at native resolution (zoom), or shrunk to a target size, with
-//! the pointer drawn in when asked.
+//! Screenshots of the root window, encoded as PNG, JPEG or WebP: the whole
+//! screen, a region of it at native resolution (zoom), or shrunk to a target
+//! size, with the pointer drawn in when asked.
 //!
 //! Owns reading the screen through X11 `GetImage` (ZPixmap) and turning it
-//! into RGB PNG rows, shrinking by area averaging as the rows arrive, and
+//! into RGB rows, shrinking by area averaging as the rows arrive, and
 //! drawing the pointer (XFIXES `GetCursorImage`, or a marker at
-//! `QueryPointer` without XFIXES). The screen is read in horizontal strips of at most
-//! [`STRIP_BYTES`] and each strip is encoded as it arrives, so a capture never
-//! holds the raw screen in memory (the supervisor's whole budget is 4 MiB
-//! RSS). Every strip's length is checked against `stride × rows`, so a capture
-//! is either complete or an error, never a silently short image. At most one
-//! capture runs at a time ([`CAPTURE_SLOT`]); this module never keeps a
-//! capture after returning it.
+//! `QueryPointer` without XFIXES). The screen is read in horizontal strips
+//! of at most [`STRIP_BYTES`]. For PNG each strip is encoded as it arrives,
+//! so a capture never holds the raw screen in memory (the supervisor's
+//! whole budget is 4 MiB RSS); the JPEG and WebP encoders take a whole
+//! image, so for those the rows of the (shrunk) image are gathered into one
+//! RGB frame, freed as soon as it is encoded ([`encoders`]). Every strip's
+//! length is checked against `stride × rows`, so a capture is either
+//! complete or an error, never a silently short image. At most one capture
+//! runs at a time ([`CAPTURE_SLOT`]); nothing is kept after returning it.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use dormouse_protocol::image::{ImageEncoding, ImageFormat};
 use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{self, ConnectionExt as _, ImageFormat, ImageOrder, VisualClass};
+use x11rb::protocol::xproto::ImageFormat as XImageFormat;
+use x11rb::protocol::xproto::{self, ConnectionExt as _, ImageOrder, VisualClass};
 use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::x_client::{self, XError};
+
+mod encoders;
+mod pointer;
+
+pub use encoders::{is_too_large, BoundedVec, CountingWriter};
+use pointer::Overlay;
 
 /// Largest raw strip read with one `GetImage`.
 pub const STRIP_BYTES: usize = 128 * 1024;
@@ -53,6 +63,12 @@ pub enum ScreenshotError {
     /// PNG encoding failed (only a broken writer can cause this).
     #[error("png encoding failed: {0}")]
     Encode(#[from] png::EncodingError),
+    /// JPEG encoding failed (a broken writer, or a side over 65535).
+    #[error("jpeg encoding failed: {0}")]
+    Jpeg(#[from] jpeg_encoder::EncodingError),
+    /// WebP encoding failed (a broken writer, or a side over 16384).
+    #[error("webp encoding failed: {0}")]
+    Webp(#[from] image_webp::EncodingError),
 }
 
 /// What a capture produced.
@@ -62,28 +78,34 @@ pub struct CaptureStats {
     pub width: u32,
     /// Height of the root window.
     pub height: u32,
-    /// Size of the PNG written.
-    pub png_bytes: u64,
+    /// Size of the image written.
+    pub bytes: u64,
     /// Number of `GetImage` strips read.
     pub strips: u32,
 }
 
-/// A PNG of the whole screen.
+/// An image of the whole screen.
 #[derive(Debug, Clone)]
 pub struct Screenshot {
     /// Width in pixels.
     pub width: u32,
     /// Height in pixels.
     pub height: u32,
-    /// The PNG file.
-    pub png: Vec<u8>,
+    /// The format of `image`.
+    pub format: ImageFormat,
+    /// The encoded file.
+    pub image: Vec<u8>,
     /// How long capturing and encoding took.
     pub elapsed: Duration,
 }
 
-/// Captures the whole screen of the configured display as a PNG, bounded by
-/// `config.probe_timeout_ms` (waiting for another capture included).
-pub async fn capture(config: &Config) -> Result<Screenshot, ScreenshotError> {
+/// Captures the whole screen of the configured display in `encoding`,
+/// bounded by `config.probe_timeout_ms` (waiting for another capture
+/// included).
+pub async fn capture(
+    config: &Config,
+    encoding: ImageEncoding,
+) -> Result<Screenshot, ScreenshotError> {
     let bound = Duration::from_millis(config.probe_timeout_ms);
     let started = Instant::now();
     let _slot = tokio::time::timeout(bound, CAPTURE_SLOT.acquire())
@@ -91,20 +113,25 @@ pub async fn capture(config: &Config) -> Result<Screenshot, ScreenshotError> {
         .map_err(|_| XError::Timeout(bound))?
         .map_err(|e| XError::Join(e.to_string()))?;
     let remaining = bound.saturating_sub(started.elapsed());
-    let (stats, png) = x_client::with_display(config, remaining, |conn, screen| {
-        // A noisy screen of the largest size could make a PNG bigger than a
-        // frame may carry; stop there instead of growing without bound.
-        let mut png = BoundedVec::new(
+    let spec = CaptureSpec {
+        encoding,
+        ..CaptureSpec::default()
+    };
+    let (stats, image) = x_client::with_display(config, remaining, move |conn, screen| {
+        // A noisy screen of the largest size could make an image bigger than
+        // a frame may carry; stop there instead of growing without bound.
+        let mut image = BoundedVec::new(
             usize::try_from(dormouse_protocol::MAX_PAYLOAD_LEN).unwrap_or(usize::MAX),
         );
-        let stats = encode_root(conn, screen, &mut png).map_err(into_x_error)?;
-        Ok((stats, png.bytes))
+        let stats = encode(conn, screen, &spec, &mut image).map_err(into_x_error)?;
+        Ok((stats, image.into_inner()))
     })
     .await?;
     Ok(Screenshot {
         width: stats.width,
         height: stats.height,
-        png,
+        format: encoding.format,
+        image,
         elapsed: started.elapsed(),
     })
 }
@@ -288,7 +315,7 @@ pub struct Rect {
 }
 
 /// What to capture: the default is the whole screen at its own size without
-/// the pointer.
+/// the pointer, as a PNG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CaptureSpec {
     /// The part of the screen (all of it when `None`); must lie inside it.
@@ -299,134 +326,207 @@ pub struct CaptureSpec {
     pub size: Option<(u32, u32)>,
     /// Draw the pointer into the image.
     pub cursor: bool,
+    /// The format and quality (checked by the caller:
+    /// [`ImageEncoding::check`]).
+    pub encoding: ImageEncoding,
 }
 
-/// Reads the region of `spec` strip by strip and writes it as an RGB PNG of
-/// the size of `spec` to `out`, drawing the pointer in when asked. Runs on a
-/// blocking thread. Memory: one strip, one RGB row and, when shrinking, one
-/// row of sums.
-// Over 100 lines on purpose: one streaming pass (read a strip, convert,
-// shrink, draw the pointer, write the rows) whose buffers are sized once
-// up front; split, the memory bound above would be spread over helpers.
+/// Reads the region of `spec` strip by strip and writes it in the format of
+/// `spec`, at its size, to `out`, drawing the pointer in when asked. Runs on
+/// a blocking thread. Memory for PNG: one strip, one RGB row and, when
+/// shrinking, one row of sums; JPEG and WebP add the RGB frame of the
+/// target size and what their encoders hold.
 pub fn encode(
     conn: &RustConnection,
     screen: usize,
     spec: &CaptureSpec,
     out: impl Write,
 ) -> Result<CaptureStats, ScreenshotError> {
-    let (format, root, screen_w, screen_h) = PixelFormat::of_root(conn, screen)?;
-    if screen_w == 0 || screen_h == 0 {
-        return Err(ScreenshotError::Unsupported(format!(
-            "empty screen {screen_w}x{screen_h}"
-        )));
-    }
-    let rect = spec.region.unwrap_or(Rect {
-        x: 0,
-        y: 0,
-        width: screen_w,
-        height: screen_h,
-    });
-    if rect.width == 0
-        || rect.height == 0
-        || rect.x.saturating_add(rect.width) > screen_w
-        || rect.y.saturating_add(rect.height) > screen_h
-    {
-        return Err(ScreenshotError::Unsupported(format!(
-            "region {rect:?} outside the {screen_w}x{screen_h} screen"
-        )));
-    }
-    let (width, height) = spec.size.unwrap_or((rect.width, rect.height));
-    if !(1..=rect.width).contains(&width) || !(1..=rect.height).contains(&height) {
-        return Err(ScreenshotError::Unsupported(format!(
-            "target {width}x{height} for a {}x{} region",
-            rect.width, rect.height
-        )));
-    }
-    let overlay = if spec.cursor {
-        Some(Overlay::of_pointer(conn, root)?)
-    } else {
-        None
-    };
-    let stride = if rect.width == screen_w {
-        format.stride
-    } else {
-        format.stride_for(rect.width, format.pad_bits)
-    };
+    let plan = Plan::of(conn, screen, spec)?;
+    let (width, height) = (plan.width, plan.height);
     let mut counter = CountingWriter {
         inner: out,
         count: 0,
     };
-    let mut encoder = png::Encoder::new(&mut counter, width, height);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    // Fast deflate: a screenshot is read once, and the probe takes one on
-    // every container start.
-    encoder.set_compression(png::Compression::Fast);
-    let mut writer = encoder.write_header()?;
-    let mut stream = writer.stream_writer_with_size(64 * 1024)?;
-    let mut shrink = ((width, height) != (rect.width, rect.height))
-        .then(|| Shrink::new(rect.width, rect.height, width, height));
-
-    let x =
-        i16::try_from(rect.x).map_err(|_| ScreenshotError::Unsupported(format!("x {}", rect.x)))?;
-    let w = u16::try_from(rect.width)
-        .map_err(|_| ScreenshotError::Unsupported(format!("width {}", rect.width)))?;
-    let rows_per_strip = (STRIP_BYTES / stride.max(1)).clamp(1, usize::from(u16::MAX));
-    let rows_per_strip = u32::try_from(rows_per_strip).unwrap_or(u32::from(u16::MAX));
-    let mut rgb = vec![0u8; rect.width as usize * 3];
-    let mut row = 0u32;
-    let mut strips = 0u32;
-    while row < rect.height {
-        let rows = (rect.height - row).min(rows_per_strip);
-        let top = rect.y + row;
-        let reply = conn
-            .get_image(
-                ImageFormat::Z_PIXMAP,
-                root,
-                x,
-                i16::try_from(top)
-                    .map_err(|_| ScreenshotError::Unsupported(format!("row {top}")))?,
-                w,
-                u16::try_from(rows).unwrap_or(u16::MAX),
-                !0,
-            )
-            .map_err(XError::from)?
-            .reply()
-            .map_err(XError::from)?;
-        let expected = stride * rows as usize;
-        if reply.data.len() != expected {
-            return Err(ScreenshotError::Incomplete {
-                row,
-                end: row + rows,
-                got: reply.data.len(),
-                expected,
-            });
+    let strips = match spec.encoding.format {
+        ImageFormat::Png => {
+            let mut encoder = png::Encoder::new(&mut counter, width, height);
+            encoder.set_color(png::ColorType::Rgb);
+            encoder.set_depth(png::BitDepth::Eight);
+            // Fast deflate: a screenshot is read once, and the probe takes
+            // one on every container start.
+            encoder.set_compression(png::Compression::Fast);
+            let mut writer = encoder.write_header()?;
+            let mut stream = writer.stream_writer_with_size(64 * 1024)?;
+            let strips = plan.read_rows(conn, |row| {
+                stream.write_all(row).map_err(png::EncodingError::from)?;
+                Ok(())
+            })?;
+            stream.finish()?;
+            writer.finish()?;
+            strips
         }
-        for (i, line) in reply.data.chunks_exact(stride).enumerate() {
-            format.row_to_rgb(line, rect.width as usize, &mut rgb);
-            if let Some(o) = &overlay {
-                o.draw(top + u32::try_from(i).unwrap_or(0), rect.x, &mut rgb);
-            }
-            match shrink.as_mut() {
-                None => stream.write_all(&rgb).map_err(png::EncodingError::from)?,
-                Some(s) => {
-                    if let Some(done) = s.push(&rgb) {
-                        stream.write_all(done).map_err(png::EncodingError::from)?;
-                    }
-                }
-            }
+        format => {
+            let mut frame = Vec::with_capacity(width as usize * height as usize * 3);
+            let strips = plan.read_rows(conn, |row| {
+                frame.extend_from_slice(row);
+                Ok(())
+            })?;
+            encoders::encode_frame(
+                format,
+                spec.encoding.quality(),
+                &frame,
+                width,
+                height,
+                &mut counter,
+            )?;
+            strips
         }
-        row += rows;
-        strips += 1;
-    }
-    stream.finish()?;
-    writer.finish()?;
+    };
     Ok(CaptureStats {
         width,
         height,
-        png_bytes: counter.count,
+        bytes: counter.count,
         strips,
     })
+}
+
+/// A checked capture: the screen's pixel format, the region, the target
+/// size, the pointer to draw.
+#[derive(Debug)]
+struct Plan {
+    format: PixelFormat,
+    root: xproto::Window,
+    rect: Rect,
+    /// Bytes of one row of the region in a `GetImage` reply.
+    stride: usize,
+    width: u32,
+    height: u32,
+    overlay: Option<Overlay>,
+}
+
+impl Plan {
+    fn of(
+        conn: &RustConnection,
+        screen: usize,
+        spec: &CaptureSpec,
+    ) -> Result<Self, ScreenshotError> {
+        let (format, root, screen_w, screen_h) = PixelFormat::of_root(conn, screen)?;
+        if screen_w == 0 || screen_h == 0 {
+            return Err(ScreenshotError::Unsupported(format!(
+                "empty screen {screen_w}x{screen_h}"
+            )));
+        }
+        let rect = spec.region.unwrap_or(Rect {
+            x: 0,
+            y: 0,
+            width: screen_w,
+            height: screen_h,
+        });
+        if rect.width == 0
+            || rect.height == 0
+            || rect.x.saturating_add(rect.width) > screen_w
+            || rect.y.saturating_add(rect.height) > screen_h
+        {
+            return Err(ScreenshotError::Unsupported(format!(
+                "region {rect:?} outside the {screen_w}x{screen_h} screen"
+            )));
+        }
+        let (width, height) = spec.size.unwrap_or((rect.width, rect.height));
+        if !(1..=rect.width).contains(&width) || !(1..=rect.height).contains(&height) {
+            return Err(ScreenshotError::Unsupported(format!(
+                "target {width}x{height} for a {}x{} region",
+                rect.width, rect.height
+            )));
+        }
+        spec.encoding
+            .check()
+            .map_err(|e| ScreenshotError::Unsupported(e.to_string()))?;
+        let overlay = if spec.cursor {
+            Some(Overlay::of_pointer(conn, root)?)
+        } else {
+            None
+        };
+        let stride = if rect.width == screen_w {
+            format.stride
+        } else {
+            format.stride_for(rect.width, format.pad_bits)
+        };
+        Ok(Self {
+            format,
+            root,
+            rect,
+            stride,
+            width,
+            height,
+            overlay,
+        })
+    }
+
+    /// Reads the region strip by strip and hands each RGB row of the target
+    /// size to `row`, top to bottom; answers the number of strips read.
+    fn read_rows(
+        &self,
+        conn: &RustConnection,
+        mut row_out: impl FnMut(&[u8]) -> Result<(), ScreenshotError>,
+    ) -> Result<u32, ScreenshotError> {
+        let (rect, stride) = (self.rect, self.stride);
+        let mut shrink = ((self.width, self.height) != (rect.width, rect.height))
+            .then(|| Shrink::new(rect.width, rect.height, self.width, self.height));
+        let x = i16::try_from(rect.x)
+            .map_err(|_| ScreenshotError::Unsupported(format!("x {}", rect.x)))?;
+        let w = u16::try_from(rect.width)
+            .map_err(|_| ScreenshotError::Unsupported(format!("width {}", rect.width)))?;
+        let rows_per_strip = (STRIP_BYTES / stride.max(1)).clamp(1, usize::from(u16::MAX));
+        let rows_per_strip = u32::try_from(rows_per_strip).unwrap_or(u32::from(u16::MAX));
+        let mut rgb = vec![0u8; rect.width as usize * 3];
+        let mut row = 0u32;
+        let mut strips = 0u32;
+        while row < rect.height {
+            let rows = (rect.height - row).min(rows_per_strip);
+            let top = rect.y + row;
+            let reply = conn
+                .get_image(
+                    XImageFormat::Z_PIXMAP,
+                    self.root,
+                    x,
+                    i16::try_from(top)
+                        .map_err(|_| ScreenshotError::Unsupported(format!("row {top}")))?,
+                    w,
+                    u16::try_from(rows).unwrap_or(u16::MAX),
+                    !0,
+                )
+                .map_err(XError::from)?
+                .reply()
+                .map_err(XError::from)?;
+            let expected = stride * rows as usize;
+            if reply.data.len() != expected {
+                return Err(ScreenshotError::Incomplete {
+                    row,
+                    end: row + rows,
+                    got: reply.data.len(),
+                    expected,
+                });
+            }
+            for (i, line) in reply.data.chunks_exact(stride).enumerate() {
+                self.format.row_to_rgb(line, rect.width as usize, &mut rgb);
+                if let Some(o) = &self.overlay {
+                    o.draw(top + u32::try_from(i).unwrap_or(0), rect.x, &mut rgb);
+                }
+                match shrink.as_mut() {
+                    None => row_out(&rgb)?,
+                    Some(s) => {
+                        if let Some(done) = s.push(&rgb) {
+                            row_out(done)?;
+                        }
+                    }
+                }
+            }
+            row += rows;
+            strips += 1;
+        }
+        Ok(strips)
+    }
 }
 
 /// Shrinks RGB rows by averaging the source pixels that fall into each
@@ -495,187 +595,6 @@ impl Shrink {
         self.rows_in = 0;
         self.out_row = next;
         Some(&self.out)
-    }
-}
-
-/// Largest pointer image drawn (sides); a bigger one is drawn as the marker.
-const MAX_CURSOR_SIDE: u16 = 256;
-
-/// The pointer's image at its place on the screen, premultiplied ARGB.
-#[derive(Debug)]
-struct Overlay {
-    left: i64,
-    top: i64,
-    width: usize,
-    argb: Vec<u32>,
-}
-
-impl Overlay {
-    /// The pointer as the server draws it (XFIXES), or a marker where it is.
-    fn of_pointer(conn: &RustConnection, root: xproto::Window) -> Result<Self, ScreenshotError> {
-        use x11rb::connection::RequestConnection as _;
-        use x11rb::protocol::xfixes::{self, ConnectionExt as _};
-        let has_xfixes = conn
-            .extension_information(xfixes::X11_EXTENSION_NAME)
-            .map_err(XError::from)?
-            .is_some();
-        if has_xfixes {
-            // The version must be negotiated before other XFIXES requests.
-            conn.xfixes_query_version(4, 0)
-                .map_err(XError::from)?
-                .reply()
-                .map_err(XError::from)?;
-            let image = conn
-                .xfixes_get_cursor_image()
-                .map_err(XError::from)?
-                .reply()
-                .map_err(XError::from)?;
-            let (w, h) = (image.width, image.height);
-            if w > 0
-                && h > 0
-                && w <= MAX_CURSOR_SIDE
-                && h <= MAX_CURSOR_SIDE
-                && image.cursor_image.len() == usize::from(w) * usize::from(h)
-            {
-                return Ok(Self {
-                    left: i64::from(image.x) - i64::from(image.xhot),
-                    top: i64::from(image.y) - i64::from(image.yhot),
-                    width: usize::from(w),
-                    argb: image.cursor_image,
-                });
-            }
-        }
-        let p = conn
-            .query_pointer(root)
-            .map_err(XError::from)?
-            .reply()
-            .map_err(XError::from)?;
-        Ok(Self::marker(i64::from(p.root_x), i64::from(p.root_y)))
-    }
-
-    /// A 15×15 cross, black with a white rim, centred on the point.
-    fn marker(x: i64, y: i64) -> Self {
-        const SIDE: usize = 15;
-        const MID: usize = SIDE / 2;
-        const MID_I: i64 = 7;
-        let mut argb = vec![0u32; SIDE * SIDE];
-        for (i, px) in argb.iter_mut().enumerate() {
-            let (r, c) = (i / SIDE, i % SIDE);
-            if r == MID || c == MID {
-                *px = 0xff00_0000;
-            } else if r.abs_diff(MID) == 1 || c.abs_diff(MID) == 1 {
-                *px = 0xffff_ffff;
-            }
-        }
-        Self {
-            left: x - MID_I,
-            top: y - MID_I,
-            width: SIDE,
-            argb,
-        }
-    }
-
-    /// Blends the pointer into screen row `y` (whose first pixel is screen
-    /// column `x0`).
-    fn draw(&self, y: u32, x0: u32, rgb: &mut [u8]) {
-        let Ok(r) = usize::try_from(i64::from(y) - self.top) else {
-            return;
-        };
-        let Some(line) = self.argb.get(r * self.width..(r + 1) * self.width) else {
-            return;
-        };
-        for (c, &px) in (0i64..).zip(line) {
-            let a = px >> 24;
-            if a == 0 {
-                continue;
-            }
-            let Ok(col) = usize::try_from(self.left + c - i64::from(x0)) else {
-                continue;
-            };
-            let Some(dst) = rgb.get_mut(col * 3..col * 3 + 3) else {
-                continue;
-            };
-            for (k, shift) in [16u32, 8, 0].into_iter().enumerate() {
-                let src = (px >> shift) & 0xff;
-                let under = u32::from(dst[k]);
-                let v = src + (under * (255 - a) + 127) / 255;
-                dst[k] = u8::try_from(v.min(255)).unwrap_or(u8::MAX);
-            }
-        }
-    }
-}
-
-/// Counts what passes through, so the probe can encode into a sink and still
-/// report the PNG's size.
-#[derive(Debug)]
-pub struct CountingWriter<W> {
-    /// Where the bytes go.
-    pub inner: W,
-    /// Bytes written so far.
-    pub count: u64,
-}
-
-impl<W: Write> Write for CountingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.count += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// A `Vec` that refuses to grow past `limit`.
-#[derive(Debug)]
-pub struct BoundedVec {
-    bytes: Vec<u8>,
-    limit: usize,
-}
-
-impl BoundedVec {
-    /// An empty one holding at most `limit` bytes.
-    pub fn new(limit: usize) -> Self {
-        Self {
-            bytes: Vec::new(),
-            limit,
-        }
-    }
-
-    /// The bytes written.
-    pub fn into_inner(self) -> Vec<u8> {
-        self.bytes
-    }
-}
-
-/// Whether a capture failed because its PNG outgrew its [`BoundedVec`].
-pub fn is_too_large(e: &ScreenshotError) -> bool {
-    match e {
-        ScreenshotError::Encode(png::EncodingError::IoError(io)) => {
-            io.kind() == std::io::ErrorKind::FileTooLarge
-        }
-        _ => false,
-    }
-}
-
-impl Write for BoundedVec {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len().saturating_add(buf.len()) > self.limit {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::FileTooLarge,
-                format!(
-                    "png exceeds the frame payload limit of {} bytes",
-                    self.limit
-                ),
-            ));
-        }
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -101,8 +101,12 @@ async fn watch_pushes_ready_and_the_screenshot_is_a_full_png_and_restarts_re_pro
     );
 
     let mut client = Client::connect(&desktop.socket()).await;
-    let shot = client.ask(&Request::Screenshot).await;
-    let Response::Screenshot { width, height } = shot.message else {
+    let shot = client
+        .ask(&Request::Screenshot {
+            encoding: Default::default(),
+        })
+        .await;
+    let Response::Screenshot { width, height, .. } = shot.message else {
         panic!("screenshot answered {:?}", shot.message);
     };
     assert_eq!((width, height), (WIDTH, HEIGHT));

@@ -13,6 +13,7 @@ use dormouse_client::{Client, Endpoint, Error, StatusCode};
 use dormouse_protocol::api::{
     BrokerEvent, ContainerState, CreateComputer, LeaseRequest, PatchComputer,
 };
+use dormouse_protocol::image::{ImageEncoding, ImageFormat};
 
 /// Serves the harness's router on a fresh loopback port.
 async fn serve_tcp(h: &Harness) -> Endpoint {
@@ -103,6 +104,16 @@ async fn every_route(h: &Harness, endpoint: Endpoint) {
     assert_eq!(
         api.screenshot(created.id).await.expect("screenshot"),
         api_support::PNG
+    );
+    let jpeg = ImageEncoding::new(Some(ImageFormat::Jpeg), Some(30)).expect("an encoding");
+    assert_eq!(
+        api.screenshot_as(created.id, jpeg)
+            .await
+            .expect("a jpeg screenshot"),
+        (
+            api_support::image_of(ImageFormat::Jpeg).to_vec(),
+            "image/jpeg".to_owned()
+        )
     );
     api.touch(created.id).await.expect("touch");
     let stopped = api.stop(created.id).await.expect("stop");

@@ -1,5 +1,5 @@
 //! In-process tests of the API router against a scripted broker core
-//! (`tower::ServiceExt::oneshot`): authentication, every class of bad input
+//! (`tower::ServiceExt::oneshot`, through `api_support::call`): authentication, every class of bad input
 //! (and that it reaches no command), error codes, and the OpenAPI document.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,72 +8,15 @@ mod api_support;
 
 use std::collections::BTreeSet;
 
-use api_support::{Harness, PNG, TOKEN};
+use api_support::{call, empty, req, with_json, Harness, PNG, TOKEN};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use dormouse_broker::api::{route_table, Access, OPENAPI_JSON};
 use dormouse_broker::engine::EngineError;
 use dormouse_broker::error::BrokerError;
 use dormouse_protocol::api::{ContainerState, GENERATION_HEADER};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 use uuid::Uuid;
-
-struct Answer {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-
-    fn code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or("<no error code>")
-            .to_owned()
-    }
-}
-
-async fn call(h: &Harness, request: Request<Body>) -> Answer {
-    let response = h.router().oneshot(request).await.expect("router answers");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes()
-        .to_vec();
-    Answer {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn req(method: Method, uri: &str) -> axum::http::request::Builder {
-    Request::builder()
-        .method(method)
-        .uri(uri)
-        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-}
-
-fn empty(method: Method, uri: &str) -> Request<Body> {
-    req(method, uri).body(Body::empty()).expect("request")
-}
-
-fn with_json(method: Method, uri: &str, body: &str) -> Request<Body> {
-    req(method, uri)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_owned()))
-        .expect("request")
-}
 
 /// Asserts a request was refused with `status`/`code` before reaching the core.
 async fn refused(h: &Harness, request: Request<Body>, status: StatusCode, code: &str) {

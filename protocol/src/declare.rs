@@ -422,7 +422,9 @@ macro_rules! guest_protocol {
     (@answer $akind:literal, $resp:ident
         { $( $(#[$afmeta:meta])* $afield:ident : $afty:ty ),* } as $asty:ident ; $( $acheck:ident )?) => {
         #[doc = concat!("The content of a `", $akind, "` response.")]
-        #[derive(Debug, Clone, PartialEq)]
+        // Serde only so the fields may carry the attributes of the
+        // response's own (`#[serde(default)]`); it is the same shape.
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
         pub struct $asty {
             $( $(#[$afmeta])* pub $afield : $afty ),*
         }
@@ -457,7 +459,9 @@ macro_rules! guest_protocol {
     (@call $(#[$rmeta:meta])* $req:ident
         { $( $(#[$rfmeta:meta])* $rfield:ident : $rfty:ty ),* }) => {
         $(#[$rmeta])*
-        #[derive(Debug, Clone, PartialEq, Eq)]
+        // Serde only so the fields may carry the attributes of the
+        // request's own (`#[serde(default)]`); it is the same shape.
+        #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         pub struct $req {
             $( $(#[$rfmeta])* pub $rfield : $rfty ),*
         }

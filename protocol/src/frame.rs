@@ -440,7 +440,15 @@ mod tests {
             Request::Hello,
             Request::Status,
             Request::Watch,
-            Request::Screenshot,
+            Request::Screenshot {
+                encoding: crate::image::ImageEncoding::default(),
+            },
+            Request::Screenshot {
+                encoding: crate::image::ImageEncoding {
+                    format: crate::image::ImageFormat::Jpeg,
+                    quality: Some(30),
+                },
+            },
             Request::Quiesce { timeout_ms: 5000 },
             Request::Activity,
         ] {
@@ -460,6 +468,7 @@ mod tests {
             &Response::Screenshot {
                 width: 2,
                 height: 1,
+                format: crate::image::ImageFormat::Png,
             },
             &png,
         )
@@ -528,7 +537,8 @@ mod tests {
             encode(
                 &Response::Screenshot {
                     width: 1,
-                    height: 1
+                    height: 1,
+                    format: crate::image::ImageFormat::Png,
                 },
                 &big
             ),

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::health::HealthReport;
+use crate::image::{ImageEncoding, ImageFormat};
 
 /// What identifies one start of one container.
 ///
@@ -170,8 +171,13 @@ crate::guest_protocol! {
         "status" => Status -> GuestStatus, answer status;
         /// Push the status now and on every change until the client hangs up.
         "watch" => Watch -> GuestStatus, stream watch;
-        /// A PNG of the whole screen, as the frame's binary payload.
-        "screenshot" => Screenshot -> ScreenshotInfo, answer screenshot;
+        /// An image of the whole screen, as the frame's binary payload: a
+        /// PNG unless `encoding` names another format ([`crate::image`]).
+        "screenshot" => Screenshot {
+            /// The format and quality; PNG when absent.
+            #[serde(default, skip_serializing_if = "ImageEncoding::is_default")]
+            encoding: ImageEncoding,
+        } -> ScreenshotInfo, answer screenshot;
         /// Close browsers cleanly so their profiles flush; answer when done.
         "quiesce" => Quiesce {
             /// Upper bound the supervisor keeps to.
@@ -218,12 +224,16 @@ crate::guest_protocol! {
         "hello" => Hello(Hello);
         /// Answer to [`Request::Status`] and each item of [`Request::Watch`].
         "status" => Status(GuestStatus);
-        /// Answer to [`Request::Screenshot`]; the PNG is the frame's payload.
+        /// Answer to [`Request::Screenshot`]; the image is the frame's
+        /// payload.
         "screenshot" => Screenshot {
             /// Width in pixels.
             width: u32,
             /// Height in pixels.
             height: u32,
+            /// The payload's format (PNG when absent).
+            #[serde(default)]
+            format: ImageFormat,
         } as ScreenshotInfo, payload checked;
         /// Answer to [`Request::Quiesce`].
         "quiesced" => Quiesced(Quiesced);
@@ -257,12 +267,16 @@ crate::guest_protocol! {
 }
 
 impl ScreenshotInfo {
-    /// The payload is a PNG (by its signature).
+    /// The payload is an image of the declared format (by its signature).
     fn check_payload(&self, payload: &[u8]) -> Result<(), &'static str> {
-        if payload.starts_with(b"\x89PNG\r\n\x1a\n") {
+        if self.format.is_signature_of(payload) {
             Ok(())
         } else {
-            Err("screenshot payload is not a PNG")
+            Err(match self.format {
+                ImageFormat::Png => "screenshot payload is not a PNG",
+                ImageFormat::Jpeg => "screenshot payload is not a JPEG",
+                ImageFormat::Webp => "screenshot payload is not a WebP",
+            })
         }
     }
 }
@@ -336,7 +350,8 @@ mod tests {
         assert_eq!(Response::error("a", "b").kind(), "error");
         assert!(Response::Screenshot {
             width: 1,
-            height: 1
+            height: 1,
+            format: ImageFormat::Png,
         }
         .payload_allowed());
         assert!(!Response::error("a", "b").payload_allowed());
@@ -377,13 +392,15 @@ mod tests {
         let shot = ScreenshotInfo {
             width: 4,
             height: 3,
+            format: ImageFormat::Jpeg,
         };
         let response = shot.clone().into_response();
         assert_eq!(
             response,
             Response::Screenshot {
                 width: 4,
-                height: 3
+                height: 3,
+                format: ImageFormat::Jpeg,
             }
         );
         assert_eq!(ScreenshotInfo::from_response(response), Ok(shot));
@@ -394,12 +411,32 @@ mod tests {
 
     #[test]
     fn a_checked_answer_refuses_a_payload_that_breaks_it() {
-        let shot = ScreenshotInfo {
-            width: 1,
-            height: 1,
-        };
-        assert_eq!(shot.check(b"\x89PNG\r\n\x1a\nrest"), Ok(()));
-        assert!(shot.check(b"GIF89a").is_err());
+        let png = b"\x89PNG\r\n\x1a\nrest".as_slice();
+        let jpeg = b"\xff\xd8\xff\xdbrest".as_slice();
+        let webp = b"RIFF\x04\0\0\0WEBPVP8L".as_slice();
+        for (format, good) in [
+            (ImageFormat::Png, png),
+            (ImageFormat::Jpeg, jpeg),
+            (ImageFormat::Webp, webp),
+        ] {
+            let shot = ScreenshotInfo {
+                width: 1,
+                height: 1,
+                format,
+            };
+            assert_eq!(shot.check(good), Ok(()), "{format}");
+            assert!(shot.check(b"GIF89a").is_err(), "{format}");
+            // Another format's bytes do not pass for the declared one.
+            for other in [png, jpeg, webp].into_iter().filter(|b| *b != good) {
+                assert!(shot.check(other).is_err(), "{format}");
+            }
+        }
+        // An answer from a supervisor that names no format is a PNG.
+        let old: Response =
+            serde_json::from_str(r#"{"kind":"screenshot","width":2,"height":2}"#).unwrap();
+        let old = ScreenshotInfo::from_response(old).unwrap();
+        assert_eq!(old.format, ImageFormat::Png);
+        assert!(old.check(png).is_ok() && old.check(jpeg).is_err());
         let text = ClipboardText {
             has_text: true,
             truncated: false,
@@ -437,10 +474,11 @@ mod tests {
             conn.push("watch".into());
             After::Close
         }
-        async fn screenshot(&self, _: call::Screenshot) -> Result<Reply<ScreenshotInfo>, Refusal> {
+        async fn screenshot(&self, s: call::Screenshot) -> Result<Reply<ScreenshotInfo>, Refusal> {
             let info = ScreenshotInfo {
                 width: 2,
                 height: 1,
+                format: s.encoding.format,
             };
             Ok(Reply::with_payload(info, b"png".to_vec()))
         }
@@ -498,13 +536,24 @@ mod tests {
     #[tokio::test]
     async fn serve_dispatches_each_request_to_its_method_by_mode() {
         let mut conn = Vec::new();
-        let served = serve(&Fixed, Request::Screenshot, Vec::new(), &mut conn).await;
+        let encoding = ImageEncoding {
+            format: ImageFormat::Webp,
+            quality: Some(30),
+        };
+        let served = serve(
+            &Fixed,
+            Request::Screenshot { encoding },
+            Vec::new(),
+            &mut conn,
+        )
+        .await;
         assert_eq!(
             served,
             Served::Answer(
                 Response::Screenshot {
                     width: 2,
-                    height: 1
+                    height: 1,
+                    format: ImageFormat::Webp,
                 },
                 b"png".to_vec()
             )

@@ -17,6 +17,7 @@ pub mod exec;
 pub mod frame;
 pub mod guest;
 pub mod health;
+pub mod image;
 pub mod local;
 pub mod screen;
 #[cfg(any(feature = "tokio", test))]

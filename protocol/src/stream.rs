@@ -195,6 +195,7 @@ mod tests {
         let shot = Response::Screenshot {
             width: 3,
             height: 2,
+            format: crate::image::ImageFormat::Png,
         };
         write_frame(&mut a, &shot, b"\x89PNG", WAIT)
             .await

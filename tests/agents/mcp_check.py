@@ -47,8 +47,11 @@ def to_space(x, y):
 class Session:
     """One MCP client session over the mode's transport."""
 
-    def __init__(self, token=TOKEN, generation=GEN, desktop=DESK):
+    def __init__(self, token=TOKEN, generation=GEN, desktop=DESK, options=None):
         self.token, self.generation, self.desktop = token, generation, desktop
+        # {"screenshot": "false", "format": "jpeg", "quality": "50"}: the
+        # URL's query over HTTP, `dormouse mcp`'s flags over stdio.
+        self.options = options or {}
 
     async def __aenter__(self):
         self.stack = contextlib.AsyncExitStack()
@@ -61,16 +64,20 @@ class Session:
                 http = httpx2.AsyncClient(headers=headers, timeout=120)
                 self.stack.push_async_callback(http.aclose)
                 url = f"{URL}/mcp?desktop={self.desktop}"
+                url += "".join(f"&{k}={v}" for k, v in self.options.items())
                 transport = streamable_http_client(url, http_client=http)
             else:
                 args = ["--url", URL, "mcp", "--desktop", self.desktop, "--display", "1024x640"]
+                for k, v in self.options.items():
+                    args += ["--no-screenshot"] if (k, v) == ("screenshot", "false") else [f"--{k}", v]
                 if self.generation:
                     args = ["--generation", self.generation, *args]
                 env = {"DORMOUSE_TOKEN": self.token}
                 transport = stdio_client(StdioServerParameters(command=CLI, args=args, env=env))
             read, write = await self.stack.enter_async_context(transport)
             session = await self.stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
+            init = await session.initialize()
+            session.server_name = (getattr(init, "server_info", None) or init.serverInfo).name
             return session
         except BaseException:
             await self.stack.aclose()
@@ -78,6 +85,12 @@ class Session:
 
     async def __aexit__(self, *exc):
         return await self.stack.__aexit__(*exc)
+
+
+async def computer_once(**args):
+    """One `computer` call in a session of its own; its text."""
+    async with Session() as s:
+        return texts(await computer(s, **args))
 
 
 def texts(result):
@@ -102,6 +115,7 @@ async def main():
               "computer's action enum is the published list")
         check(PUBLISHED_FIELDS <= set(schema["properties"]), "computer has every published field")
         check(schema.get("required") == ["action"], "only action is required")
+        check(s.server_name == "dormouse", f"the server names itself dormouse: {s.server_name!r}")
 
         shot = await computer(s, action="screenshot")
         imgs = images(shot)
@@ -144,6 +158,21 @@ async def main():
         check(DESK in texts(listing), "desktops lists the desktop")
         link = await s.call_tool("screen_link", {"mode": "view", "ttl": 60})
         check(not link.is_error and "/panel/screen.html#screen=" in texts(link), f"screen_link: {texts(link)[:120]}")
+
+    # The screenshot after actions turned off, and JPEG images.
+    async with Session(options={"screenshot": "false", "format": "jpeg", "quality": "50"}) as s:
+        moved = await computer(s, action="mouse_move", coordinate=to_space(OX + 310, OY + 160))
+        check(not moved.is_error and images(moved) == [], f"with the screenshot off, mouse_move answers no image: {texts(moved)}")
+        shot = images(await computer(s, action="screenshot"))
+        jpeg = shot and base64.b64decode(shot[0].data)
+        check(len(shot) == 1 and shot[0].mime_type == "image/jpeg" and jpeg[:3] == b"\xff\xd8\xff",
+              f"a screenshot under format jpeg is one image/jpeg: {[i.mime_type for i in shot]}")
+    if MODE == "http":
+        async with Session(options={"screenshot": "maybe"}) as s:
+            bad = await computer(s, action="mouse_move", coordinate=[5, 5])
+            check(bad.is_error and "true or false" in texts(bad), f"?screenshot=maybe is a tool error: {texts(bad)}")
+        pos = await computer_once(action="cursor_position")
+        check(pos != "X=5,Y=5", f"the refused call moved nothing: {pos}")
 
     # The stopped desktop: files without starting it.
     before = container_state(STOPPED_CONTAINER)

@@ -29,20 +29,20 @@ impl Runner<'_> {
             .unwrap_or(usize::MAX)
             .saturating_sub(self.image_bytes);
         let _slot = (self.slot)()?;
-        let mut png = screenshot::BoundedVec::new(room);
-        let stats = screenshot::encode(self.conn, self.screen, spec, &mut png).map_err(|e| {
+        let mut image = screenshot::BoundedVec::new(room);
+        let stats = screenshot::encode(self.conn, self.screen, spec, &mut image).map_err(|e| {
             if screenshot::is_too_large(&e) {
                 ActionError::TooLarge(limit)
             } else {
                 ActionError::Screenshot(e)
             }
         })?;
-        let png = png.into_inner();
-        self.image_bytes += png.len();
-        self.images.push(png);
+        let image = image.into_inner();
+        self.image_bytes += image.len();
+        self.images.push(image);
         Ok(ActionResult {
             image: Some(ActionImage {
-                media_type: "image/png".into(),
+                media_type: spec.encoding.format.media_type().into(),
                 data: String::new(),
             }),
             size: Some([stats.width, stats.height]),

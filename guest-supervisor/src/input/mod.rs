@@ -304,7 +304,7 @@ impl Runner<'_> {
         let needs_xtest = !matches!(
             action,
             Action::CursorPosition {}
-                | Action::Screenshot {}
+                | Action::Screenshot { .. }
                 | Action::Zoom { .. }
                 | Action::Wait { .. }
         );
@@ -407,16 +407,17 @@ impl Runner<'_> {
                 })?;
             }
             Action::Wait { duration } => std::thread::sleep(Duration::from_secs_f64(*duration)),
-            Action::Screenshot {} => {
+            Action::Screenshot { .. } => {
                 let spec = CaptureSpec {
                     region: None,
                     size: (!self.space.is_native())
                         .then_some((self.space.caller.width, self.space.caller.height)),
                     cursor: self.cursor,
+                    encoding: action.encoding().unwrap_or_default(),
                 };
                 return self.capture(name, &spec);
             }
-            Action::Zoom { region } => {
+            Action::Zoom { region, .. } => {
                 let [x0, y0] = self.space.edge_to_screen([region[0], region[1]]);
                 let [x1, y1] = self.space.edge_to_screen([region[2], region[3]]);
                 let spec = CaptureSpec {
@@ -428,6 +429,7 @@ impl Runner<'_> {
                     }),
                     size: None,
                     cursor: self.cursor,
+                    encoding: action.encoding().unwrap_or_default(),
                 };
                 return self.capture(name, &spec);
             }

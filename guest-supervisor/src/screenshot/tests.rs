@@ -5,14 +5,11 @@ use super::*;
 
 #[test]
 fn bounded_vec_stops_at_its_limit() {
-    let mut v = BoundedVec {
-        bytes: Vec::new(),
-        limit: 8,
-    };
+    let mut v = BoundedVec::new(8);
     v.write_all(&[1; 8]).expect("fits");
     let err = v.write_all(&[1]).expect_err("over the limit");
     assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
-    assert_eq!(v.bytes.len(), 8);
+    assert_eq!(v.into_inner().len(), 8);
 }
 
 fn format(bpp: u8, lsb_first: bool, masks: (u32, u32, u32)) -> PixelFormat {

@@ -96,21 +96,27 @@ impl GuestService for Service {
         After::Close
     }
 
-    async fn screenshot(&self, _: call::Screenshot) -> Result<Reply<ScreenshotInfo>, Refusal> {
-        match crate::screenshot::capture(&self.config).await {
+    async fn screenshot(&self, s: call::Screenshot) -> Result<Reply<ScreenshotInfo>, Refusal> {
+        // The broker checked it too; a peer that did not gets a refusal.
+        s.encoding
+            .check()
+            .map_err(|e| Refusal::new("invalid_encoding", e.to_string()))?;
+        match crate::screenshot::capture(&self.config, s.encoding).await {
             Ok(shot) => {
                 tracing::debug!(
                     width = shot.width,
                     height = shot.height,
-                    bytes = shot.png.len(),
+                    format = shot.format.as_str(),
+                    bytes = shot.image.len(),
                     elapsed_ms = crate::millis(shot.elapsed),
                     "screenshot"
                 );
                 let info = ScreenshotInfo {
                     width: shot.width,
                     height: shot.height,
+                    format: shot.format,
                 };
-                Ok(Reply::with_payload(info, shot.png))
+                Ok(Reply::with_payload(info, shot.image))
             }
             Err(e) => Err(Refusal::new("screenshot_failed", e.to_string())),
         }

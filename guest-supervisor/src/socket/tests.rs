@@ -636,7 +636,13 @@ async fn quiesce_without_a_runner_says_so() {
 async fn screenshot_and_activity_without_a_display_answer_anyway() {
     let guest = start();
     let mut c = connect(&guest).await;
-    let shot = ask(&mut c, &Request::Screenshot).await;
+    let shot = ask(
+        &mut c,
+        &Request::Screenshot {
+            encoding: Default::default(),
+        },
+    )
+    .await;
     assert_eq!(error_code(&shot), "screenshot_failed");
     match ask(&mut c, &Request::Activity).await {
         Response::Activity(a) => {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use dormouse_client::Client;
 use dormouse_protocol::actions::{ActionBatch, ActionResult, ActionResults, Scale};
+use dormouse_protocol::image::ImageEncoding;
 use serde_json::{json, Map, Value};
 
 use crate::escape::Safe;
@@ -222,16 +223,21 @@ pub async fn key(
     report(results, None, json, out)
 }
 
-/// `dormouse screenshot ID -o FILE --scale WxH`: a `screenshot` action.
+/// `dormouse screenshot ID -o FILE --scale WxH [--format F]`: a
+/// `screenshot` action.
 pub async fn scaled_screenshot(
     client: &Client,
     id: &str,
     scale: Scale,
+    encoding: ImageEncoding,
     output: &Path,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
-    let action = json!({"action": "screenshot"});
+    let mut action = json!({"action": "screenshot", "format": encoding.format});
+    if let Some(q) = encoding.quality {
+        action["quality"] = json!(q);
+    }
     let results = send(client, id, action, Some(scale), false).await?;
     report(results, Some(output), json, out)
 }

@@ -136,7 +136,7 @@ pub enum CliCommand {
         #[arg(long)]
         purge: bool,
     },
-    /// Save a PNG of a desktop's screen.
+    /// Save an image of a desktop's screen (PNG unless --format says).
     Screenshot {
         /// Id, unique id prefix, or name.
         id: String,
@@ -146,6 +146,12 @@ pub enum CliCommand {
         /// Scaled to fit WxH (aspect kept), through a `screenshot` action.
         #[arg(long, value_name = "WxH", value_parser = actions::parse_scale)]
         scale: Option<dormouse_protocol::actions::Scale>,
+        /// png (default), jpeg or webp.
+        #[arg(long)]
+        format: Option<dormouse_protocol::image::ImageFormat>,
+        /// 1..=100, for jpeg and webp (default 80).
+        #[arg(long)]
+        quality: Option<u8>,
     },
     /// Run one computer-use action, e.g. `act ID left_click 640 400`.
     Act(actions::ActArgs),
@@ -412,13 +418,19 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
         CliCommand::Screenshot {
             id,
             output,
-            scale: Some(scale),
-        } => actions::scaled_screenshot(c, &id, scale, &output, json, out).await,
-        CliCommand::Screenshot {
-            id,
-            output,
-            scale: None,
-        } => screenshot::run(c, &id, &output, json, out).await,
+            scale,
+            format,
+            quality,
+        } => {
+            let encoding = dormouse_protocol::image::ImageEncoding::new(format, quality)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            match scale {
+                Some(scale) => {
+                    actions::scaled_screenshot(c, &id, scale, encoding, &output, json, out).await
+                }
+                None => screenshot::run(c, &id, encoding, &output, json, out).await,
+            }
+        }
         CliCommand::Screen {
             id,
             control,

@@ -1,10 +1,11 @@
-//! `dormouse screenshot` without `--scale`: the whole screen, saved as PNG
-//! (scaled screenshots are an action, in [`crate::actions`]).
+//! `dormouse screenshot` without `--scale`: the whole screen, saved as PNG,
+//! JPEG or WebP (scaled screenshots are an action, in [`crate::actions`]).
 
 use std::io::Write;
 use std::path::Path;
 
 use dormouse_client::Client;
+use dormouse_protocol::image::ImageEncoding;
 
 use crate::output::print_json;
 use crate::{resolve, stdout, CliError};
@@ -13,22 +14,30 @@ use crate::{resolve, stdout, CliError};
 pub(crate) async fn run(
     client: &Client,
     id: &str,
+    encoding: ImageEncoding,
     output: &Path,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
     let id = resolve(client, id).await?;
-    let png = client.screenshot(id).await?;
-    std::fs::write(output, &png).map_err(|source| CliError::Io {
+    let (image, media_type) = client.screenshot_as(id, encoding).await?;
+    std::fs::write(output, &image).map_err(|source| CliError::Io {
         path: output.to_owned(),
         source,
     })?;
     if json {
         print_json(
             out,
-            &serde_json::json!({ "id": id, "file": output, "bytes": png.len() }),
+            &serde_json::json!({ "id": id, "file": output, "bytes": image.len(),
+                                "media_type": media_type }),
         )
     } else {
-        writeln!(out, "saved {} ({} bytes)", output.display(), png.len()).map_err(stdout)
+        writeln!(
+            out,
+            "saved {} ({} bytes, {media_type})",
+            output.display(),
+            image.len()
+        )
+        .map_err(stdout)
     }
 }

@@ -38,6 +38,7 @@ use dormouse_protocol::api::{
     PatchComputer, GENERATION_HEADER,
 };
 use dormouse_protocol::egress_policy::{EgressLogPage, EgressPolicy, EgressRefusals};
+use dormouse_protocol::image::ImageEncoding;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
@@ -297,6 +298,21 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/computers/{id}/screenshot?format=…&quality=…`: the image's
+    /// bytes and the `Content-Type` the broker answered with.
+    pub async fn screenshot_as(
+        &self,
+        id: Uuid,
+        encoding: ImageEncoding,
+    ) -> Result<(Vec<u8>, String), Error> {
+        let mut path = format!("{}?format={}", computer(id, "/screenshot"), encoding.format);
+        if let Some(q) = encoding.quality {
+            path.push_str(&format!("&quality={q}"));
+        }
+        let (bytes, content_type) = self.exchange(Method::GET, &path, NO_BODY, None).await?;
+        Ok((bytes, content_type.unwrap_or_default()))
+    }
+
     /// `GET /v1/events`: the WebSocket stream, opened with the token in the
     /// `Authorization` header. Open it before a call whose effect you want
     /// to see, so no change between the two is missed.
@@ -374,6 +390,22 @@ impl Client {
     where
         B: Serialize + ?Sized,
     {
+        let (bytes, _) = self.exchange(method, path, body, within).await?;
+        Ok(bytes)
+    }
+
+    /// One call: the raw body of a 2xx and its `Content-Type`, or the
+    /// answer's error.
+    async fn exchange<B>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        within: Option<Duration>,
+    ) -> Result<(Vec<u8>, Option<String>), Error>
+    where
+        B: Serialize + ?Sized,
+    {
         let mut request = self.request(method.clone(), path);
         if let Some(within) = within {
             request = request.timeout(within);
@@ -386,12 +418,17 @@ impl Client {
             .await
             .map_err(|e| transport(&method, path, e))?;
         let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = response
             .bytes()
             .await
             .map_err(|e| transport(&method, path, e))?;
         if status.is_success() {
-            return Ok(bytes.to_vec());
+            return Ok((bytes.to_vec(), content_type));
         }
         Err(answer_error(method, path, status, &bytes))
     }

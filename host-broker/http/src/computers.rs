@@ -14,7 +14,7 @@ use dormouse_protocol::api::{
 };
 
 use super::error::HttpError;
-use super::extract::{ComputerId, Generation, JsonBody, RemoveQuery};
+use super::extract::{ComputerId, Generation, JsonBody, RemoveQuery, ScreenshotQuery};
 use super::ApiState;
 use dormouse_core::reconcile::Orphan;
 
@@ -81,18 +81,20 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /v1/computers/{id}/screenshot`: a PNG of the screen.
+/// `GET /v1/computers/{id}/screenshot[?format=png|jpeg|webp&quality=1..100]`:
+/// an image of the screen, PNG unless asked otherwise, with its media type.
 pub async fn screenshot(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
+    ScreenshotQuery(encoding): ScreenshotQuery,
 ) -> Result<Response, HttpError> {
-    let png = state.broker.screenshot(id).await?;
+    let (image, format) = state.broker.screenshot_as(id, encoding).await?;
     Ok((
         [
-            (header::CONTENT_TYPE, "image/png"),
+            (header::CONTENT_TYPE, format.media_type()),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        png,
+        image,
     )
         .into_response())
 }

@@ -10,6 +10,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use dormouse_protocol::api::{ErrorCode, GENERATION_HEADER};
+use dormouse_protocol::image::ImageEncoding;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -166,6 +167,41 @@ impl<S: Send + Sync> FromRequestParts<S> for RemoveQuery {
             }
         }
         Ok(query)
+    }
+}
+
+/// The query of `GET /v1/computers/{id}/screenshot`: `format=png|jpeg|webp`
+/// and `quality=1..100` (jpeg and webp), checked before the guest is asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScreenshotQuery(pub ImageEncoding);
+
+impl<S: Send + Sync> FromRequestParts<S> for ScreenshotQuery {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let (mut format, mut quality) = (None, None);
+        for pair in parts.uri.query().unwrap_or("").split('&') {
+            if pair.is_empty() {
+                continue;
+            }
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match key {
+                "format" => &mut format,
+                "quality" => &mut quality,
+                _ => {
+                    return Err(HttpError::bad_request(format!(
+                        "unknown query parameter {:?}",
+                        truncate(key, 64)
+                    )));
+                }
+            };
+            if slot.replace(truncate(value, 64)).is_some() {
+                return Err(HttpError::bad_request(format!("{key} given twice")));
+            }
+        }
+        ImageEncoding::parse(format, quality)
+            .map(Self)
+            .map_err(|e| HttpError::bad_request(e.to_string()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! ([`content_of`]).
 
 use dormouse_protocol::actions::{Action, ActionBatch, ActionResults, Scale};
+use dormouse_protocol::image::ImageEncoding;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use serde_json::{json, Value};
 
@@ -112,30 +113,60 @@ pub fn input_schema() -> JsonObject {
     }
 }
 
+/// The images a call answers: their encoding, and whether an action that
+/// changes the screen is followed by a screenshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Images {
+    /// The encoding of every image (`screenshot`, `zoom`, the one after).
+    pub encoding: ImageEncoding,
+    /// Whether a screenshot follows an action that changes the screen.
+    pub after: bool,
+}
+
 /// Whether an action changes the screen (and so answers a screenshot too).
 fn changes_screen(action: &Action) -> bool {
     !matches!(
         action,
-        Action::Screenshot {} | Action::Zoom { .. } | Action::CursorPosition {}
+        Action::Screenshot { .. } | Action::Zoom { .. } | Action::CursorPosition {}
     )
 }
 
 /// One call of the tool as a batch in `space`: its action (the arguments
 /// without `desktop`, read by the batch's own parser) and, when it changes
-/// the screen and `screenshot_after`, a screenshot.
+/// the screen and `images.after`, a screenshot; every image in
+/// `images.encoding`.
 pub fn batch_of(
     mut args: JsonObject,
     space: Scale,
-    screenshot_after: bool,
+    images: Images,
 ) -> Result<ActionBatch, ToolError> {
     args.remove("desktop");
     // The vendor's `duration` is an integer on `hold_key`; `wait` takes it
     // as well. Both are the batch's seconds.
-    let action: Action = serde_json::from_value(Value::Object(args))
+    let mut action: Action = serde_json::from_value(Value::Object(args))
         .map_err(|e| ToolError::Invalid(format!("invalid computer action: {e}")))?;
+    // The default encoding is left unnamed, as a batch that names none
+    // (which a supervisor older than the formats also takes).
+    let format = (!images.encoding.is_default()).then_some(images.encoding.format);
+    let quality = images.encoding.quality;
+    if let Action::Screenshot {
+        format: f,
+        quality: q,
+    }
+    | Action::Zoom {
+        format: f,
+        quality: q,
+        ..
+    } = &mut action
+    {
+        if f.is_none() && q.is_none() {
+            (*f, *q) = (format, quality);
+        }
+    }
+    let after = images.after && changes_screen(&action);
     let mut actions = vec![action];
-    if screenshot_after && actions.iter().any(changes_screen) {
-        actions.push(Action::Screenshot {});
+    if after {
+        actions.push(Action::Screenshot { format, quality });
     }
     Ok(ActionBatch {
         actions,
@@ -172,6 +203,7 @@ pub fn content_of(results: ActionResults) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dormouse_protocol::image::ImageFormat;
 
     fn args(v: Value) -> JsonObject {
         match v {
@@ -183,6 +215,14 @@ mod tests {
     const SPACE: Scale = Scale {
         width: 1024,
         height: 640,
+    };
+
+    const PNG_AFTER: Images = Images {
+        encoding: ImageEncoding {
+            format: ImageFormat::Png,
+            quality: None,
+        },
+        after: true,
     };
 
     #[test]
@@ -227,30 +267,75 @@ mod tests {
                 "zoom" => json!({"action": a, "region": [0, 0, 10, 10]}),
                 _ => json!({"action": a, "desktop": "d"}),
             };
-            let b = batch_of(args(v), SPACE, true).unwrap();
+            let b = batch_of(args(v), SPACE, PNG_AFTER).unwrap();
             assert_eq!(b.actions[0].name().as_str(), a);
             assert_eq!(b.scale, Some(SPACE));
             let shot = !matches!(a, "screenshot" | "zoom" | "cursor_position");
             assert_eq!(b.actions.len(), if shot { 2 } else { 1 }, "{a}");
+            // PNG, the default, goes unnamed.
+            let json = serde_json::to_value(&b.actions).unwrap();
+            assert!(json
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| a.get("format").is_none()));
         }
-        let b = batch_of(args(json!({"action": "left_click"})), SPACE, false).unwrap();
+        let off = Images {
+            after: false,
+            ..PNG_AFTER
+        };
+        let b = batch_of(args(json!({"action": "left_click"})), SPACE, off).unwrap();
         assert_eq!(b.actions.len(), 1);
     }
 
     #[test]
+    fn every_image_is_in_the_encoding_asked_for() {
+        let jpeg = ImageEncoding {
+            format: ImageFormat::Jpeg,
+            quality: Some(40),
+        };
+        let images = Images {
+            encoding: jpeg,
+            after: true,
+        };
+        let b = batch_of(args(json!({"action": "left_click"})), SPACE, images).unwrap();
+        assert_eq!(b.actions[1].encoding(), Some(jpeg));
+        for a in [
+            json!({"action": "screenshot"}),
+            json!({"action": "zoom", "region": [0, 0, 10, 10]}),
+        ] {
+            let b = batch_of(args(a), SPACE, images).unwrap();
+            assert_eq!(b.actions.len(), 1);
+            assert_eq!(b.actions[0].encoding(), Some(jpeg));
+        }
+    }
+
+    #[test]
     fn unknown_actions_are_refused() {
-        let e = batch_of(args(json!({"action": "fly"})), SPACE, true).unwrap_err();
+        let e = batch_of(args(json!({"action": "fly"})), SPACE, PNG_AFTER).unwrap_err();
         assert!(e.to_string().contains("unknown variant `fly`"), "{e}");
     }
 
     #[test]
     fn results_become_content() {
-        use dormouse_protocol::actions::{ActionName, ActionResult};
+        use dormouse_protocol::actions::{ActionImage, ActionName, ActionResult};
         let mut pos = ActionResult::ok(ActionName::CursorPosition);
         pos.coordinate = Some([5, 6]);
         let r = content_of(ActionResults { results: vec![pos] });
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["content"][0]["text"], "X=5,Y=6");
+        let mut shot = ActionResult::ok(ActionName::Screenshot);
+        shot.image = Some(ActionImage {
+            media_type: "image/webp".into(),
+            data: "UklGR".into(),
+        });
+        let r = content_of(ActionResults {
+            results: vec![shot],
+        });
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["content"][0]["type"], "image");
+        assert_eq!(v["content"][0]["mimeType"], "image/webp");
+        assert_eq!(v["content"][0]["data"], "UklGR");
         let failed = ActionResult::failed(ActionName::Type, "x_error", "gone");
         let r = content_of(ActionResults {
             results: vec![failed],

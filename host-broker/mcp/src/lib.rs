@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use dormouse_client::Client;
 use dormouse_protocol::actions::Scale;
+use dormouse_protocol::image::ImageEncoding;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, ContentBlock, Extensions};
 use uuid::Uuid;
@@ -44,6 +45,30 @@ pub struct Settings {
     pub display: Option<Scale>,
     /// Whether actions that change the screen answer a screenshot too.
     pub no_screenshot_after: bool,
+    /// The encoding of the images the `computer` tool answers (PNG by
+    /// default).
+    pub encoding: ImageEncoding,
+}
+
+/// What the URL of one MCP request says (over HTTP: `?desktop=`,
+/// `?screenshot=true|false`, `?format=`, `?quality=`), over the server's
+/// [`Settings`]; empty over stdio.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UrlOptions {
+    /// `?desktop=`: the desktop a tool means when its call names none.
+    pub desktop: Option<String>,
+    /// `?screenshot=`: whether actions that change the screen answer a
+    /// screenshot too.
+    pub screenshot_after: Option<bool>,
+    /// `?format=` and `?quality=`: the encoding of the tool's images.
+    pub encoding: Option<ImageEncoding>,
+}
+
+/// One tool call's API client and what its URL says.
+#[derive(Debug, Clone)]
+struct Call {
+    client: Client,
+    url: UrlOptions,
 }
 
 /// Why a call could not be made: the API's refusal or a bad argument; the
@@ -118,33 +143,42 @@ impl Dormouse {
         }
     }
 
-    /// The API client of a call and the desktop its URL names, if any.
-    fn client(&self, extensions: &Extensions) -> Result<(Client, Option<String>), ToolError> {
+    /// The API client of a call and what its URL says.
+    fn call(&self, extensions: &Extensions) -> Result<Call, ToolError> {
         let _ = extensions;
         match &self.source {
-            Source::Fixed(client) => Ok((client.clone(), None)),
+            Source::Fixed(client) => Ok(Call {
+                client: client.clone(),
+                url: UrlOptions::default(),
+            }),
             #[cfg(feature = "http")]
-            Source::Loopback(endpoint) => http::client_of(endpoint, extensions),
+            Source::Loopback(endpoint) => http::call_of(endpoint, extensions),
         }
+    }
+
+    /// The API client of a call and the desktop it means ([`Self::desktop`]).
+    async fn target(
+        &self,
+        extensions: &Extensions,
+        given: Option<&str>,
+    ) -> Result<(Client, Uuid), ToolError> {
+        let call = self.call(extensions)?;
+        let id = self.desktop(&call, given).await?;
+        Ok((call.client, id))
     }
 
     /// The desktop a call means: its `desktop` argument, the URL's
     /// `?desktop=`, or the server's `--desktop`, as an id or a name.
-    async fn desktop(
-        &self,
-        client: &Client,
-        given: Option<&str>,
-        from_url: Option<&str>,
-    ) -> Result<Uuid, ToolError> {
+    async fn desktop(&self, call: &Call, given: Option<&str>) -> Result<Uuid, ToolError> {
         let name = given
-            .or(from_url)
+            .or(call.url.desktop.as_deref())
             .or(self.settings.desktop.as_deref())
             .ok_or_else(|| {
                 ToolError::Invalid(
                     "no desktop: pass `desktop` (an id or a name; see the `desktops` tool)".into(),
                 )
             })?;
-        resolve(client, name).await
+        resolve(&call.client, name).await
     }
 
     /// The `computer` tool's space on desktop `id`.

@@ -12,7 +12,8 @@ use dormouse_protocol::exec::ExecRequest;
 use dormouse_protocol::screen::{viewer_link, CreateScreen, ScreenMode};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Extensions, JsonObject, ServerCapabilities, ServerConfig,
+    CallToolResult, ContentBlock, Extensions, Implementation, JsonObject, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::{schemars, tool, tool_handler, tool_router, ErrorData, ServerHandler};
 use serde::Deserialize;
@@ -145,10 +146,7 @@ impl Dormouse {
     async fn shell(&self, Parameters(a): Parameters<ShellArgs>, extensions: Extensions) -> Outcome {
         answer(
             async {
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let timeout = a.timeout.unwrap_or(60).clamp(1, SHELL_MAX_TIMEOUT_SECS);
                 let request = ExecRequest {
                     argv: None,
@@ -197,10 +195,8 @@ impl Dormouse {
         answer(
             async {
                 let b64 = base64_of(a.encoding.as_deref())?;
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) =
+                    self.target(&extensions, a.desktop.as_deref()).await?;
                 let path = a.path.unwrap_or_default();
                 match client.fetch(id, path.as_bytes()).await? {
                     Fetched::Dir(_) => Err(ToolError::Invalid(format!(
@@ -243,10 +239,7 @@ impl Dormouse {
                 } else {
                     a.content.into_bytes()
                 };
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let written = client
                     .write_file(id, a.path.as_bytes(), bytes, true)
                     .await?;
@@ -269,10 +262,7 @@ impl Dormouse {
     ) -> Outcome {
         answer(
             async {
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let path = a.path.unwrap_or_default();
                 match client.fetch(id, path.as_bytes()).await? {
                     Fetched::Dir(listing) => Ok(json_text(&listing)),
@@ -291,7 +281,7 @@ impl Dormouse {
     async fn desktops(&self, extensions: Extensions) -> Outcome {
         answer(
             async {
-                let (client, _) = self.client(&extensions)?;
+                let client = self.call(&extensions)?.client;
                 let list: Vec<_> = client
                     .list()
                     .await?
@@ -317,7 +307,7 @@ impl Dormouse {
     ) -> Outcome {
         answer(
             async {
-                let (client, _) = self.client(&extensions)?;
+                let client = self.call(&extensions)?.client;
                 let request = CreateComputer {
                     name: a.name,
                     ..Default::default()
@@ -338,10 +328,7 @@ impl Dormouse {
     ) -> Outcome {
         answer(
             async {
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 Ok(json_text(&client.start(id).await?))
             }
             .await,
@@ -356,10 +343,7 @@ impl Dormouse {
     ) -> Outcome {
         answer(
             async {
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 Ok(json_text(&client.stop(id).await?))
             }
             .await,
@@ -385,10 +369,7 @@ impl Dormouse {
                         )))
                     }
                 };
-                let (client, url) = self.client(&extensions)?;
-                let id = self
-                    .desktop(&client, a.desktop.as_deref(), url.as_deref())
-                    .await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let request = CreateScreen {
                     mode,
                     ttl_ms: a.ttl.map(|s| s.saturating_mul(1000)),
@@ -415,23 +396,28 @@ impl Dormouse {
         args: JsonObject,
         extensions: &Extensions,
     ) -> Result<CallToolResult, ToolError> {
-        let (client, url) = self.client(extensions)?;
         let named = args
             .get("desktop")
             .and_then(|d| d.as_str())
             .map(str::to_owned);
+        let call = self.call(extensions)?;
+        let images = computer::Images {
+            encoding: call.url.encoding.unwrap_or(self.settings.encoding),
+            after: call
+                .url
+                .screenshot_after
+                .unwrap_or(!self.settings.no_screenshot_after),
+        };
         // Parse first: a call that cannot be a batch is refused as such and
         // costs no screenshot.
         let unset = dormouse_protocol::actions::Scale {
             width: 1,
             height: 1,
         };
-        let mut batch = computer::batch_of(args, unset, !self.settings.no_screenshot_after)?;
-        let id = self
-            .desktop(&client, named.as_deref(), url.as_deref())
-            .await?;
-        batch.scale = Some(self.space(&client, id).await?);
-        let results = client.actions(id, &batch).await?;
+        let mut batch = computer::batch_of(args, unset, images)?;
+        let id = self.desktop(&call, named.as_deref()).await?;
+        batch.scale = Some(self.space(&call.client, id).await?);
+        let results = call.client.actions(id, &batch).await?;
         Ok(computer::content_of(results))
     }
 }
@@ -439,10 +425,14 @@ impl Dormouse {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Dormouse {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
-            "Dormouse desktops: Linux desktops in containers. Use `computer` to see and drive \
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("dormouse", env!("CARGO_PKG_VERSION")).with_title("Dormouse"),
+            )
+            .with_instructions(
+                "Dormouse desktops: Linux desktops in containers. Use `computer` to see and drive \
              the screen, `shell` to run commands, the file tools for the workspace (they work \
              while a desktop is stopped), and `screen_link` when a person must step in.",
-        )
+            )
     }
 }

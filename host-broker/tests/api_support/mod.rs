@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{header, Method, StatusCode};
 use chrono::Utc;
 use dormouse_broker::api::{self, ApiState, ApiToken};
 use dormouse_broker::command::{BrokerHandle, Command, Fence};
@@ -21,12 +23,16 @@ use dormouse_protocol::actions::{
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, ContainerState, IdleStatus, LeaseGrant, StopReason,
 };
+use dormouse_protocol::image::ImageFormat;
 use dormouse_protocol::stream::{self, ReadLimits};
 use dormouse_protocol::Phase;
 use dormouse_protocol::{Request, Response};
 use futures_util::future::BoxFuture;
+use http_body_util::BodyExt;
+use serde_json::Value;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc};
+use tower::ServiceExt;
 use uuid::Uuid;
 
 /// The token every test uses.
@@ -40,6 +46,16 @@ pub const PNG: &[u8] = &[
     0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
     0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
 ];
+
+/// What the scripted guest answers for an image of `format`: [`PNG`], or
+/// a few bytes that begin with the JPEG or WebP signature.
+pub fn image_of(format: ImageFormat) -> &'static [u8] {
+    match format {
+        ImageFormat::Png => PNG,
+        ImageFormat::Jpeg => b"\xff\xd8\xff\xe0scripted",
+        ImageFormat::Webp => b"RIFF\x0c\0\0\0WEBPVP8Lscripted",
+    }
+}
 
 /// The scripted core's shared table and its record of commands.
 #[derive(Debug, Default)]
@@ -391,8 +407,8 @@ async fn owner(
 }
 
 /// The guest of the scripted core's desktops: one request per connection,
-/// answered as a well-behaved supervisor would (a screenshot is [`PNG`],
-/// every action succeeds, each image [`PNG`]).
+/// answered as a well-behaved supervisor would (a screenshot is
+/// [`image_of`] its format, every action succeeds, each image too).
 #[derive(Debug)]
 struct ScriptedGuest;
 
@@ -406,12 +422,13 @@ impl GuestRelay for ScriptedGuest {
                     return;
                 };
                 let (response, payload) = match frame.message {
-                    Request::Screenshot => (
+                    Request::Screenshot { encoding } => (
                         Response::Screenshot {
                             width: 1,
                             height: 1,
+                            format: encoding.format,
                         },
-                        PNG.to_vec(),
+                        image_of(encoding.format).to_vec(),
                     ),
                     Request::Actions { batch } => scripted_actions(&batch),
                     _ => (Response::error("unknown_kind", "not scripted"), Vec::new()),
@@ -424,7 +441,8 @@ impl GuestRelay for ScriptedGuest {
     }
 }
 
-/// Every action succeeds; a `screenshot` or `zoom` gives [`PNG`].
+/// Every action succeeds; a `screenshot` or `zoom` gives [`image_of`] the
+/// format it asked for.
 fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
     let mut answer = GuestActionResults {
         results: Vec::new(),
@@ -439,13 +457,15 @@ fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
                 ..ActionResult::ok(name)
             },
             ActionName::Screenshot | ActionName::Zoom => {
-                payload.extend_from_slice(PNG);
+                let format = action.encoding().unwrap_or_default().format;
+                let image = image_of(format);
+                payload.extend_from_slice(image);
                 answer
                     .image_lens
-                    .push(u64::try_from(PNG.len()).unwrap_or(u64::MAX));
+                    .push(u64::try_from(image.len()).unwrap_or(u64::MAX));
                 ActionResult {
                     image: Some(ActionImage {
-                        media_type: "image/png".into(),
+                        media_type: format.media_type().into(),
                         data: String::new(),
                     }),
                     size: Some([1, 1]),
@@ -456,4 +476,69 @@ fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
         });
     }
     (Response::ActionResults(answer), payload)
+}
+
+/// What the router answered one request.
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: axum::http::HeaderMap,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as JSON (`null` when it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The API error's code.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("<no error code>")
+            .to_owned()
+    }
+}
+
+/// One request through the harness's router, answered whole.
+pub async fn call(h: &Harness, request: axum::http::Request<Body>) -> Answer {
+    let response = h.router().oneshot(request).await.expect("router answers");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A request with the token.
+pub fn req(method: Method, uri: &str) -> axum::http::request::Builder {
+    axum::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+}
+
+/// A request with the token and no body.
+pub fn empty(method: Method, uri: &str) -> axum::http::Request<Body> {
+    req(method, uri).body(Body::empty()).expect("request")
+}
+
+/// A request with the token and a JSON body.
+pub fn with_json(method: Method, uri: &str, body: &str) -> axum::http::Request<Body> {
+    req(method, uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("request")
 }

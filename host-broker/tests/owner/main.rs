@@ -230,10 +230,11 @@ async fn serve_connection(mut stream: UnixStream, script: Arc<Script>) {
                     },
                     b"copied".to_vec(),
                 ),
-                Request::Screenshot => (
+                Request::Screenshot { .. } => (
                     Response::Screenshot {
                         width: 1,
                         height: 1,
+                        format: Default::default(),
                     },
                     b"\x89PNG\r\n\x1a\nfake".to_vec(),
                 ),

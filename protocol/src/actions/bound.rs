@@ -43,7 +43,7 @@ pub fn run_bound(batch: &ActionBatch, per_image: Duration) -> Duration {
                     .saturating_add(TEXT_BYTE_ALLOWANCE.saturating_mul(bytes))
                     .saturating_add(KEY_ACTION_ALLOWANCE);
             }
-            Action::Screenshot {} | Action::Zoom { .. } => {
+            Action::Screenshot { .. } | Action::Zoom { .. } => {
                 bound = bound.saturating_add(per_image);
             }
             _ => {}

@@ -17,7 +17,7 @@
 //! | `drag {path}` | `left_mouse_down` at the first point, `mouse_move` through the others, `left_mouse_up` at the last |
 //! | `keypress {keys}` | one `key` combination (`CTRL`, `ENTER`, `ARROWLEFT`, … and single characters, lower-cased) |
 //! | `move {x, y}` | `mouse_move` |
-//! | `screenshot {}` | `screenshot` |
+//! | `screenshot {}` | `screenshot` (with this API's own `format` and `quality` when given) |
 //! | `scroll {x, y, scroll_x, scroll_y}` | `scroll` at `(x, y)`, [`SCROLL_PIXELS_PER_CLICK`] pixels a wheel click |
 //! | `type {text}` | `type` |
 //! | `wait {}` | `wait` of [`OPENAI_WAIT_SECS`] |
@@ -26,6 +26,8 @@
 //! as `text` is on the batch's own pointer actions.
 
 use serde::{Deserialize, Serialize};
+
+use crate::image::ImageFormat;
 
 use super::limits::{MAX_ACTIONS, MAX_KEYS, MAX_SCROLL_AMOUNT};
 use super::types::{
@@ -120,8 +122,17 @@ pub enum OpenAiAction {
         #[serde(default)]
         keys: Option<Vec<String>>,
     },
-    /// Take a screenshot.
-    Screenshot {},
+    /// Take a screenshot. `format` and `quality` are this API's own
+    /// additions (the dialect sends neither): as on the batch's
+    /// `screenshot`, PNG when absent.
+    Screenshot {
+        /// `png`, `jpeg` or `webp`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<ImageFormat>,
+        /// 1..=100, for `jpeg` and `webp`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quality: Option<u8>,
+    },
     /// Scroll at a point by pixels.
     Scroll {
         /// Across.
@@ -154,7 +165,7 @@ impl OpenAiAction {
             Self::Drag { .. } => "drag",
             Self::Keypress { .. } => "keypress",
             Self::Move { .. } => "move",
-            Self::Screenshot {} => "screenshot",
+            Self::Screenshot { .. } => "screenshot",
             Self::Scroll { .. } => "scroll",
             Self::Type { .. } => "type",
             Self::Wait {} => "wait",
@@ -366,7 +377,10 @@ fn translate_one(action: &OpenAiAction) -> Result<Vec<Action>, Refusal> {
             coordinate: at(*x, *y),
             text: modifiers(keys.as_deref())?,
         }],
-        OpenAiAction::Screenshot {} => vec![Action::Screenshot {}],
+        OpenAiAction::Screenshot { format, quality } => vec![Action::Screenshot {
+            format: *format,
+            quality: *quality,
+        }],
         OpenAiAction::Scroll {
             x,
             y,

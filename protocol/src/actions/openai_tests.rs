@@ -58,7 +58,13 @@ fn every_action_translates() {
             text: "ctrl+a".into()
         }
     );
-    assert_eq!(a[11], Action::Screenshot {});
+    assert_eq!(
+        a[11],
+        Action::Screenshot {
+            format: None,
+            quality: None
+        }
+    );
     assert_eq!(
         a[12],
         Action::Scroll {
@@ -104,7 +110,13 @@ fn key_names_map() {
 fn bad_input_is_refused_with_the_dialect_index() {
     let keys: Vec<String> = (0..1000).map(|_| "A".to_owned()).collect();
     let b = OpenAiBatch {
-        openai_actions: vec![OpenAiAction::Screenshot {}, OpenAiAction::Keypress { keys }],
+        openai_actions: vec![
+            OpenAiAction::Screenshot {
+                format: None,
+                quality: None,
+            },
+            OpenAiAction::Keypress { keys },
+        ],
         scale: None,
         cursor: false,
     };

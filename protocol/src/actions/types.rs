@@ -6,6 +6,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::limits::MAX_ACTIONS;
+use crate::image::{ImageEncoding, ImageFormat};
 
 /// A point `[x, y]` in the caller's space.
 pub type Coordinate = [i64; 2];
@@ -185,13 +186,27 @@ pub enum Action {
         /// Seconds, `0..=MAX_DURATION_SECS`.
         duration: f64,
     },
-    /// Answer a PNG of the screen (in the caller's space).
-    Screenshot {},
-    /// Answer a PNG of a region `[x0, y0, x1, y1]` (caller's space; `x1`,
+    /// Answer an image of the screen (in the caller's space), a PNG unless
+    /// `format` names another.
+    Screenshot {
+        /// `png` (when absent), `jpeg` or `webp`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<ImageFormat>,
+        /// 1..=100, for `jpeg` and `webp` only ([`crate::image`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quality: Option<u8>,
+    },
+    /// Answer an image of a region `[x0, y0, x1, y1]` (caller's space; `x1`,
     /// `y1` exclusive) at the screen's native resolution.
     Zoom {
         /// The region.
         region: [i64; 4],
+        /// `png` (when absent), `jpeg` or `webp`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<ImageFormat>,
+        /// 1..=100, for `jpeg` and `webp` only ([`crate::image`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quality: Option<u8>,
     },
 }
 
@@ -269,7 +284,7 @@ impl Action {
             Self::TripleClick { .. } => ActionName::TripleClick,
             Self::Scroll { .. } => ActionName::Scroll,
             Self::Wait { .. } => ActionName::Wait,
-            Self::Screenshot {} => ActionName::Screenshot,
+            Self::Screenshot { .. } => ActionName::Screenshot,
             Self::Zoom { .. } => ActionName::Zoom,
         }
     }
@@ -279,6 +294,21 @@ impl Action {
         match self {
             Self::HoldKey { duration, .. } | Self::Wait { duration } => *duration,
             _ => 0.0,
+        }
+    }
+
+    /// The encoding a `screenshot` or `zoom` asked for, unchecked (`None`
+    /// for every other action).
+    pub fn encoding(&self) -> Option<ImageEncoding> {
+        match self {
+            Self::Screenshot { format, quality }
+            | Self::Zoom {
+                format, quality, ..
+            } => Some(ImageEncoding {
+                format: format.unwrap_or_default(),
+                quality: *quality,
+            }),
+            _ => None,
         }
     }
 
@@ -300,12 +330,13 @@ impl Action {
     }
 }
 
-/// The PNG an action returned.
+/// The image an action returned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionImage {
-    /// Always `image/png`.
+    /// `image/png`, `image/jpeg` or `image/webp`: the format the action
+    /// asked for.
     pub media_type: String,
-    /// The PNG, base64 (standard alphabet, padded).
+    /// The image, base64 (standard alphabet, padded).
     pub data: String,
 }
 
@@ -330,10 +361,10 @@ pub struct ActionResult {
     /// `cursor_position`: where the pointer is, in the caller's space.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinate: Option<[i64; 2]>,
-    /// `screenshot`, `zoom`: the PNG.
+    /// `screenshot`, `zoom`: the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ActionImage>,
-    /// `screenshot`, `zoom`: the PNG's size `[width, height]`.
+    /// `screenshot`, `zoom`: the image's size `[width, height]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<[u32; 2]>,
     /// When `ok` is false: why.
@@ -350,7 +381,8 @@ pub struct ActionResult {
 }
 
 /// The `computer_call_output` screenshot: `{"type": "computer_screenshot",
-/// "image_url": "data:image/png;base64,…"}`, ready to send back as the
+/// "image_url": "data:image/png;base64,…"}` (or `image/jpeg`, `image/webp`,
+/// as the action asked), ready to send back as the
 /// call's `output`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComputerScreenshot {

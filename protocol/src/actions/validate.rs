@@ -8,6 +8,7 @@ use super::limits::{
 };
 use super::scale::{Size, Space};
 use super::types::{Action, ActionBatch, ActionName, Coordinate};
+use crate::image::EncodingError;
 
 /// Why a batch was refused before anything ran.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -95,6 +96,10 @@ pub enum Problem {
         "region {0:?} is empty or outside the {1}x{2} space (x0 < x1 <= width, y0 < y1 <= height)"
     )]
     Region([i64; 4], u32, u32),
+    /// An image encoding that cannot be made (a quality out of range or on
+    /// PNG).
+    #[error(transparent)]
+    Encoding(EncodingError),
 }
 
 /// Whether `type` can type `c`: every character but the control
@@ -223,7 +228,7 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
             | Action::Type { text: t } => {
                 text = text.saturating_add(t.len());
             }
-            Action::Screenshot {} | Action::Zoom { .. } => images += 1,
+            Action::Screenshot { .. } | Action::Zoom { .. } => images += 1,
             _ => {}
         }
     }
@@ -327,7 +332,7 @@ fn check_action(action: &Action, space: Size) -> Result<(), (&'static str, Probl
                 return Err(("scroll_amount", Problem::ScrollAmount(*scroll_amount)));
             }
         }
-        Action::Zoom { region } => {
+        Action::Zoom { region, .. } => {
             let [x0, y0, x1, y1] = *region;
             if x0 < 0
                 || y0 < 0
@@ -342,7 +347,13 @@ fn check_action(action: &Action, space: Size) -> Result<(), (&'static str, Probl
                 ));
             }
         }
-        Action::CursorPosition {} | Action::Screenshot {} => {}
+        Action::CursorPosition {} | Action::Screenshot { .. } => {}
+    }
+    if let Some(encoding) = action.encoding() {
+        // The format parsed already; what is left to refuse is the quality.
+        encoding
+            .check()
+            .map_err(|e| ("quality", Problem::Encoding(e)))?;
     }
     Ok(())
 }

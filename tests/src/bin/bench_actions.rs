@@ -2,9 +2,11 @@
 //! of computer-use actions on one real desktop, side by side in one run
 //! with the way other systems do it, `docker exec … xdotool`.
 //!
-//! Measured: one `left_click` through the API and on the guest socket
-//! directly; screenshots (the still route, a full and a scaled
-//! `screenshot` action); typing 1000 characters mixing ASCII and non-ASCII
+//! Measured: one `left_click` through the API, as an MCP `computer` call
+//! on `/mcp` (with its screenshot and with `?screenshot=false`) and on the
+//! guest socket directly; screenshots in PNG, JPEG and WebP (the still
+//! route, a full and a 1024x640 `screenshot` action: latency and bytes);
+//! typing 1000 characters mixing ASCII and non-ASCII
 //! into a Chromium text area: characters per second sent (until the action
 //! answered, which is after the focused client answered a ping queued
 //! behind the keys) and until the page holds them (Chromium's own pace
@@ -27,6 +29,7 @@ use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::latency::{ms, Samples};
 use dormouse_protocol::actions::ActionBatch;
 use dormouse_protocol::api::CreateComputer;
+use dormouse_protocol::image::{ImageEncoding, ImageFormat};
 use dormouse_protocol::{Request, Response};
 use serde_json::json;
 use tokio::time::Instant;
@@ -165,21 +168,31 @@ async fn run(args: Args) -> Result<()> {
         via_api_shot.push(started.elapsed());
         ensure!(r.results.iter().all(|r| r.ok), "{r:?}");
     }
+    // The MCP click with its screenshot (the default) and without
+    // (`/mcp?screenshot=false`).
     let mut via_mcp = Samples::new();
-    for i in 0..args.clicks {
+    let mut via_mcp_bare = Samples::new();
+    for i in 0..args.clicks * 2 {
         let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
             "name": "computer", "arguments": {"action": "left_click", "coordinate": [cx, cy]},
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                       "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
                       "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let bare = i % 2 == 1;
+        let query = if bare { "&screenshot=false" } else { "" };
         let started = Instant::now();
-        let answer = mcp_post(broker.addr(), broker.token(), id, &call).await?;
-        via_mcp.push(started.elapsed());
+        let answer = mcp_post(broker.addr(), broker.token(), id, query, &call).await?;
+        let took = started.elapsed();
         ensure!(
-            answer.contains("\"image\"") && !answer.contains("\"isError\":true"),
+            answer.contains("\"image\"") != bare && !answer.contains("\"isError\":true"),
             "{}",
             &answer[..answer.len().min(300)]
         );
+        if bare {
+            via_mcp_bare.push(took);
+        } else {
+            via_mcp.push(took);
+        }
     }
     let mut via_socket = Samples::new();
     for _ in 0..args.clicks {
@@ -221,32 +234,9 @@ async fn run(args: Args) -> Result<()> {
         via_xdotool.push(started.elapsed());
     }
 
-    let mut still = Samples::new();
-    let mut full = Samples::new();
-    let mut scaled = Samples::new();
-    let shot = batch(json!({"actions": [{"action": "screenshot"}]}))?;
-    let small = batch(
-        json!({"actions": [{"action": "screenshot"}], "scale": {"width": 1024, "height": 768}}),
-    )?;
-    let (mut full_bytes, mut scaled_bytes) = (0, 0);
-    for _ in 0..args.shots {
-        let started = Instant::now();
-        api.screenshot(id).await?;
-        still.push(started.elapsed());
-        let started = Instant::now();
-        let r = api.actions(id, &shot).await?;
-        full.push(started.elapsed());
-        full_bytes = r.results[0]
-            .image
-            .as_ref()
-            .map_or(0, |i| i.data.len() * 3 / 4);
-        let started = Instant::now();
-        let r = api.actions(id, &small).await?;
-        scaled.push(started.elapsed());
-        scaled_bytes = r.results[0]
-            .image
-            .as_ref()
-            .map_or(0, |i| i.data.len() * 3 / 4);
+    let mut shots = Vec::new();
+    for format in ImageFormat::ALL {
+        shots.push(shot_figures(&api, id, format, args.shots).await?);
     }
 
     // Typing: clear the text area, then send; done when the page holds
@@ -342,20 +332,29 @@ async fn run(args: Args) -> Result<()> {
     row("MCP computer left_click (+ screenshot)", &via_mcp);
     println!(
         "{:<44} {:>9}",
-        "  MCP left_click p99",
+        "  MCP left_click (+ screenshot) p99",
         ms(via_mcp.percentile(99.0))
+    );
+    row("MCP computer left_click, ?screenshot=false", &via_mcp_bare);
+    println!(
+        "{:<44} {:>9}",
+        "  MCP left_click, ?screenshot=false p99",
+        ms(via_mcp_bare.percentile(99.0))
     );
     row("left_click on the guest socket", &via_socket);
     row("docker exec xdotool mousemove+click", &via_xdotool);
-    row("GET /screenshot (still)", &still);
-    row(
-        &format!("screenshot action, full ({} KB)", full_bytes / 1000),
-        &full,
-    );
-    row(
-        &format!("screenshot action, 1024x640 ({} KB)", scaled_bytes / 1000),
-        &scaled,
-    );
+    for f in &shots {
+        for (way, samples, bytes) in [
+            ("GET /screenshot", &f.still, f.still_bytes),
+            ("screenshot action, full", &f.full, f.full_bytes),
+            ("screenshot action, 1024x640", &f.scaled, f.scaled_bytes),
+        ] {
+            row(
+                &format!("{way} {} ({} KB)", f.format, bytes / 1000),
+                samples,
+            );
+        }
+    }
     println!();
     // "sent": until the action (or docker exec) returned, every key with
     // the X server and, for the action, the focused client's answer to a
@@ -411,19 +410,84 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// One MCP JSON-RPC request to `/mcp?desktop=ID`, its answer's body.
+/// The screenshots of one format: the still route, and the action at full
+/// size and at 1024x640, each with the bytes of its last image.
+struct ShotFigures {
+    format: ImageFormat,
+    still: Samples,
+    still_bytes: usize,
+    full: Samples,
+    full_bytes: usize,
+    scaled: Samples,
+    scaled_bytes: usize,
+}
+
+/// `shots` of each way in `format` (its default quality).
+async fn shot_figures(
+    api: &dormouse_client::Client,
+    id: uuid::Uuid,
+    format: ImageFormat,
+    shots: usize,
+) -> Result<ShotFigures> {
+    let encoding = ImageEncoding::new(Some(format), None)?;
+    let full = serde_json::from_value::<ActionBatch>(
+        json!({"actions": [{"action": "screenshot", "format": format}]}),
+    )?;
+    let scaled = serde_json::from_value::<ActionBatch>(json!({
+        "actions": [{"action": "screenshot", "format": format}],
+        "scale": {"width": 1024, "height": 640}}))?;
+    let mut f = ShotFigures {
+        format,
+        still: Samples::new(),
+        still_bytes: 0,
+        full: Samples::new(),
+        full_bytes: 0,
+        scaled: Samples::new(),
+        scaled_bytes: 0,
+    };
+    let image_bytes = |r: &dormouse_protocol::actions::ActionResults| -> Result<usize> {
+        let image = r.results[0].image.as_ref().context("an image")?;
+        ensure!(
+            image.media_type == format.media_type(),
+            "{}",
+            image.media_type
+        );
+        Ok(image.data.len() * 3 / 4)
+    };
+    for _ in 0..shots {
+        let started = Instant::now();
+        let (bytes, media_type) = api.screenshot_as(id, encoding).await?;
+        f.still.push(started.elapsed());
+        ensure!(media_type == format.media_type(), "{media_type}");
+        f.still_bytes = bytes.len();
+        let started = Instant::now();
+        let r = api.actions(id, &full).await?;
+        f.full.push(started.elapsed());
+        f.full_bytes = image_bytes(&r)?;
+        let started = Instant::now();
+        let r = api.actions(id, &scaled).await?;
+        f.scaled.push(started.elapsed());
+        f.scaled_bytes = image_bytes(&r)?;
+    }
+    Ok(f)
+}
+
+/// One MCP JSON-RPC request to `/mcp?desktop=ID` and `query` (`&k=v…`),
+/// its answer's body.
 async fn mcp_post(
     addr: std::net::SocketAddr,
     token: &str,
     id: uuid::Uuid,
+    query: &str,
     body: &serde_json::Value,
 ) -> Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let body = body.to_string();
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
     let head = format!(
-        "POST /mcp?desktop={id} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {token}\r\n\
+        "POST /mcp?desktop={id}{query} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {token}\r\n\
          Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: computer\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         addr.port(),
         body.len()

@@ -11,6 +11,8 @@ use dormouse_protocol::actions::{
     self, Action, ActionBatch, ActionName, ActionResults, BatchError, GuestActionResults,
 };
 
+use dormouse_protocol::image::ImageFormat;
+
 use crate::command::AnswerReport;
 use crate::error::BrokerError;
 use crate::guest::{self, GuestError, GuestSocket};
@@ -23,7 +25,11 @@ pub async fn relay(
     batch: ActionBatch,
 ) -> Result<ActionResults, BrokerError> {
     let wait = answer_bound(&batch);
-    let names: Vec<ActionName> = batch.actions.iter().map(Action::name).collect();
+    let names: Vec<(ActionName, Option<ImageFormat>)> = batch
+        .actions
+        .iter()
+        .map(|a| (a.name(), a.encoding().map(|e| e.format)))
+        .collect();
     let call = async {
         let mut conn = socket.connect().await?;
         conn.actions(batch, wait).await
@@ -87,9 +93,10 @@ pub fn answer_bound(batch: &ActionBatch) -> Duration {
 /// The guest's answer as the API's, if it fits the batch: one result per
 /// action that ran, in order and of its name, every one but the last `ok`,
 /// fewer than the batch only when the last failed, images only where a
-/// `screenshot` or `zoom` succeeded, each a PNG of the payload.
+/// `screenshot` or `zoom` succeeded, each of the format its action asked
+/// for, by its media type and by its bytes' signature.
 fn fit(
-    names: &[ActionName],
+    names: &[(ActionName, Option<ImageFormat>)],
     answer: GuestActionResults,
     payload: &[u8],
 ) -> Result<ActionResults, BrokerError> {
@@ -107,7 +114,8 @@ fn fit(
         ));
     }
     let last = results.len() - 1;
-    for (i, (r, name)) in results.iter().zip(names).enumerate() {
+    let mut formats = Vec::new();
+    for (i, (r, (name, asked))) in results.iter().zip(names).enumerate() {
         if r.action != *name {
             return bad(format!("result {i} is for {}, not {name}", r.action));
         }
@@ -120,11 +128,15 @@ fn fit(
         if r.image.is_some() != imaging || r.size.is_some() != imaging {
             return bad(format!("result {i} has an image where none belongs"));
         }
-        if r.image
-            .as_ref()
-            .is_some_and(|m| m.media_type != "image/png")
-        {
-            return bad(format!("result {i} has an image that is not image/png"));
+        if let (Some(image), Some(asked)) = (&r.image, asked) {
+            if image.media_type != asked.media_type() {
+                return bad(format!(
+                    "result {i} has an image of {:?}, not {}",
+                    image.media_type,
+                    asked.media_type()
+                ));
+            }
+            formats.push(*asked);
         }
         if r.coordinate.is_some() != (*name == ActionName::CursorPosition && r.ok) {
             return bad(format!("result {i} has a coordinate where none belongs"));
@@ -133,15 +145,15 @@ fn fit(
     if results.len() < names.len() && results[last].ok {
         return bad("the batch stopped without a failure".into());
     }
-    // Each image is a PNG: its bytes begin with the signature.
+    // Each image is of its format: its bytes begin with the signature.
     let mut rest = payload;
-    for len in &answer.image_lens {
+    for (len, format) in answer.image_lens.iter().zip(&formats) {
         let Some(len) = usize::try_from(*len).ok().filter(|l| *l <= rest.len()) else {
             break; // into_api names the mismatch
         };
         let (image, tail) = rest.split_at(len);
-        if !image.starts_with(b"\x89PNG\r\n\x1a\n") {
-            return bad("an image that is not a PNG".into());
+        if !format.is_signature_of(image) {
+            return bad(format!("an image that is not a {format}"));
         }
         rest = tail;
     }

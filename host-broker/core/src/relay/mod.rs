@@ -33,6 +33,7 @@ use dormouse_protocol::actions::{ActionBatch, ActionResults};
 use dormouse_protocol::call;
 use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
 use dormouse_protocol::guest::PtyOpened;
+use dormouse_protocol::image::{ImageEncoding, ImageFormat};
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
@@ -110,8 +111,23 @@ impl BrokerHandle {
 
     /// A PNG of computer `id`'s screen (running is enough; not activity).
     pub async fn screenshot(&self, id: Uuid) -> Result<Vec<u8>, BrokerError> {
+        self.screenshot_as(id, ImageEncoding::default())
+            .await
+            .map(|(image, _)| image)
+    }
+
+    /// An image of computer `id`'s screen in `encoding` (checked first: a
+    /// bad one asks nothing of the guest), with the format it is in.
+    pub async fn screenshot_as(
+        &self,
+        id: Uuid,
+        encoding: ImageEncoding,
+    ) -> Result<(Vec<u8>, ImageFormat), BrokerError> {
+        encoding
+            .check()
+            .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
         let ticket = self.admit_guest(id, None, Purpose::Screenshot).await?;
-        screenshot(&ticket).await
+        screenshot(&ticket, encoding).await
     }
 
     /// Runs a batch of computer-use actions in computer `id`: checked first
@@ -172,17 +188,29 @@ pub async fn terminal(
     ticket.told(conn.open_pty(open).await).map_err(refusal)
 }
 
-/// A PNG of the admitted desktop's screen.
-pub async fn screenshot(ticket: &Ticket) -> Result<Vec<u8>, BrokerError> {
+/// An image of the admitted desktop's screen in `encoding`, with its
+/// format. The guest's answer is checked to be of the format it declares;
+/// a declared format other than the one asked for is the guest's failure.
+pub async fn screenshot(
+    ticket: &Ticket,
+    encoding: ImageEncoding,
+) -> Result<(Vec<u8>, ImageFormat), BrokerError> {
     let bound = guest::CONNECT_TIMEOUT + guest::SCREENSHOT_TIMEOUT;
     let shot = ticket
         .guest
-        .call_within(call::Screenshot, guest::SCREENSHOT_TIMEOUT);
+        .call_within(call::Screenshot { encoding }, guest::SCREENSHOT_TIMEOUT);
     match tokio::time::timeout(bound, shot).await {
-        Ok(result) => ticket
-            .told(result)
-            .map(|frame| frame.payload)
-            .map_err(BrokerError::from),
+        Ok(result) => {
+            let frame = ticket.told(result).map_err(BrokerError::from)?;
+            if frame.message.format == encoding.format {
+                Ok((frame.payload, encoding.format))
+            } else {
+                Err(BrokerError::GuestFailed(format!(
+                    "asked for a {} screenshot, the guest answered {}",
+                    encoding.format, frame.message.format
+                )))
+            }
+        }
         Err(_) => Err(ticket.unanswered("no screenshot in time")),
     }
 }
