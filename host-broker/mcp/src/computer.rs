@@ -274,7 +274,11 @@ mod tests {
             assert_eq!(b.actions.len(), if shot { 2 } else { 1 }, "{a}");
             // PNG, the default, goes unnamed.
             let json = serde_json::to_value(&b.actions).unwrap();
-            assert!(json.as_array().unwrap().iter().all(|a| a.get("format").is_none()));
+            assert!(json
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| a.get("format").is_none()));
         }
         let off = Images {
             after: false,
