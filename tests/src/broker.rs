@@ -85,6 +85,27 @@ pub struct BrokerProcess {
     root: TempDir,
 }
 
+/// Runs `scenario` against a broker of its own on the test image, and
+/// prints the broker's log when it fails. Without an engine or an image it
+/// returns `Ok` at once, having said why (see [`crate::docker_available`]).
+pub async fn with_broker(
+    test: &str,
+    scenario: impl AsyncFnOnce(&BrokerProcess) -> Result<()>,
+) -> Result<()> {
+    if !crate::docker_available(test) {
+        return Ok(());
+    }
+    let Some(image) = crate::desktop_image(test) else {
+        return Ok(());
+    };
+    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+    let result = scenario(&broker).await;
+    if result.is_err() {
+        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
+    }
+    result
+}
+
 impl BrokerProcess {
     /// Starts a broker with a fresh data directory and waits until it
     /// answers `/healthz` and has written its token.

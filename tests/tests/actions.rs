@@ -11,11 +11,10 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::desk::{self, base64_decode, page_state, page_state_when, png_size};
 use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::{CreateComputer, LeaseRequest};
 use dormouse_protocol::{Request, Response};
 use serde_json::{json, Value};
@@ -62,19 +61,7 @@ fn text_of(state: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_drive_a_real_desktop_exactly() -> Result<()> {
-    let test = "actions_drive_a_real_desktop_exactly";
-    if !docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = desktop_image(test) else {
-        return Ok(());
-    };
-    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
-    let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}", broker.log_tail(6000));
-    }
-    result
+    with_broker("actions_drive_a_real_desktop_exactly", scenario).await
 }
 
 // Over 100 lines on purpose: one scenario on one desktop, its steps in

@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser as _;
 use dormouse_cli::CliArgs;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::rfb::{
     key_event, pointer_event, set_encodings, set_pixel_format_bgrx, update_request, Closed,
     RfbViewer, TokenIn,
 };
-use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::{CreateComputer, LeaseRequest};
 use dormouse_protocol::screen::{CreateScreen, ScreenGrant, ScreenMode};
 use uuid::Uuid;
@@ -179,19 +178,7 @@ fn decode_png(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>, usize)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_screen_through_the_real_broker() -> Result<()> {
-    let test = "live_screen_through_the_real_broker";
-    if !docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = desktop_image(test) else {
-        return Ok(());
-    };
-    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
-    let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log (tail) ---\n{}", broker.log_tail(6000));
-    }
-    result
+    with_broker("live_screen_through_the_real_broker", scenario).await
 }
 
 // Over 100 lines on purpose: one scenario on one desktop, its steps in

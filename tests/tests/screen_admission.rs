@@ -15,11 +15,10 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::rfb::{set_encodings, set_pixel_format_bgrx, update_request, RfbViewer, TokenIn};
-use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::LeaseRequest;
 use dormouse_protocol::screen::{
     CreateScreen, ScreenGrant, ScreenMode, CLOSE_SCREEN_FULL, CONTROL_RESERVE,
@@ -77,19 +76,11 @@ async fn spliced(guest: &Guest) -> Result<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_screen_admits_what_the_guest_carries_and_parses_xvp() -> Result<()> {
-    let test = "the_screen_admits_what_the_guest_carries_and_parses_xvp";
-    if !docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = desktop_image(test) else {
-        return Ok(());
-    };
-    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
-    let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
+    with_broker(
+        "the_screen_admits_what_the_guest_carries_and_parses_xvp",
+        scenario,
+    )
+    .await
 }
 
 async fn scenario(broker: &BrokerProcess) -> Result<()> {

@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use dormouse_client::Error as ClientError;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
 use dormouse_e2e::desk::base64_decode;
 use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::{desktop_image, docker_available};
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::image::{ImageEncoding, ImageFormat};
 use serde_json::{json, Value};
@@ -29,19 +28,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn screenshots_come_in_each_format() -> Result<()> {
-    let test = "screenshots_come_in_each_format";
-    if !docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = desktop_image(test) else {
-        return Ok(());
-    };
-    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
-    let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}", broker.log_tail(6000));
-    }
-    result
+    with_broker("screenshots_come_in_each_format", scenario).await
 }
 
 /// `bytes` decoded, which must be of `format` by its signature and decode

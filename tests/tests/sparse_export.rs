@@ -8,28 +8,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use dormouse_client::Fetched;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{create_ready, EventStream, StatusCode};
 use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::{desktop_image, docker_available};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_sparse_file_makes_the_export_413_not_unbounded() -> Result<()> {
-    let test = "a_huge_sparse_file_makes_the_export_413_not_unbounded";
-    if !docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = desktop_image(test) else {
-        return Ok(());
-    };
-    let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
-    let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
+    with_broker(
+        "a_huge_sparse_file_makes_the_export_413_not_unbounded",
+        scenario,
+    )
+    .await
 }
 
 async fn scenario(broker: &BrokerProcess) -> Result<()> {
