@@ -105,6 +105,29 @@ async fn taskbar_window(guest: &Guest) -> Result<(String, u32, u32)> {
     ))
 }
 
+/// An action batch through the API; its answer.
+async fn actions(api: &ApiClient, id: Uuid, batch: &Value) -> Result<Value> {
+    Ok(api
+        .call::<Value, Value>(
+            dormouse_client::Method::POST,
+            &format!("/v1/computers/{id}/actions"),
+            Some(batch),
+        )
+        .await?)
+}
+
+/// The guest's process list as text, for failure messages.
+async fn guest_ps_text(guest: &Guest) -> String {
+    match guest_ps(guest).await {
+        Ok(ps) => ps
+            .iter()
+            .map(|(uid, args)| format!("{uid} {args}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
 fn save(name: &str, png: &[u8]) -> Result<()> {
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images");
     std::fs::create_dir_all(&docs)?;
@@ -156,6 +179,37 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
             kind.contains(&format!("0, 0, 1280, {}", SCREEN_HEIGHT - height)),
             "the work area must end above the taskbar: {kind}"
         );
+        // The Terminal launcher, the taskbar's first button, as a model
+        // would use it: a click on the band through the actions API opens
+        // an xterm in the workspace within 5 s.
+        let click = json!({"actions": [
+            {"action": "left_click", "coordinate": [40, SCREEN_HEIGHT - height / 2]},
+        ]});
+        actions(&api, id, &click).await?;
+        let xterm = eventually(Duration::from_secs(5), "an xterm from the launcher", || async {
+            let out = guest
+                .sh(GuestUser::Desk, "xdotool search --onlyvisible --class XTerm")
+                .await?;
+            Ok(out.status.success().then_some(()))
+        })
+        .await;
+        let cwd = guest
+            .sh(
+                GuestUser::Desk,
+                "readlink /proc/$(pgrep -u 1000 -x xterm | head -1)/cwd",
+            )
+            .await?;
+        if let Err(e) = xterm {
+            bail!("{e:#}; the guest runs:\n{}", guest_ps_text(&guest).await);
+        }
+        ensure!(
+            String::from_utf8_lossy(&cwd.stdout).trim() == "/home/desk/workspace",
+            "the terminal opened elsewhere: {cwd:?}"
+        );
+        let typed = json!({"actions": [
+            {"action": "type", "text": "echo The Dormouse desktop; pwd\n"},
+        ]});
+        actions(&api, id, &typed).await?;
         let shot = api.screenshot(id).await?;
         ensure!(png_size(&shot) == Some((1280, SCREEN_HEIGHT)), "screenshot");
         save("desktop-taskbar.png", &shot)?;
@@ -215,12 +269,7 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
             {"action": "key", "text": "ctrl+l"},
             {"action": "type", "text": "chrome://sandbox\n"},
         ]});
-        api.call::<Value, Value>(
-            dormouse_client::Method::POST,
-            &format!("/v1/computers/{id}/actions"),
-            Some(&batch),
-        )
-        .await?;
+        actions(&api, id, &batch).await?;
         eventually(
             Duration::from_secs(30),
             "the chrome://sandbox page",
