@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
-use dormouse_e2e::desk::png_size;
+use dormouse_e2e::desk::{png_pixel, png_size};
 use dormouse_e2e::engine;
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::{desktop_image, docker_available};
@@ -30,6 +30,8 @@ use uuid::Uuid;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const SCREEN_HEIGHT: u32 = 800;
+/// The colour the supervisor gives the bare desktop.
+const DESKTOP_RGB: [u8; 3] = [0x3b, 0x5b, 0x7a];
 /// The profile the broker ships, read from the source tree (not through
 /// the broker) to compare with what the engine applied.
 const PROFILE: &str = include_str!("../../host-broker/docker/seccomp/dormouse.json");
@@ -186,12 +188,19 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
             {"action": "left_click", "coordinate": [40, SCREEN_HEIGHT - height / 2]},
         ]});
         actions(&api, id, &click).await?;
-        let xterm = eventually(Duration::from_secs(5), "an xterm from the launcher", || async {
-            let out = guest
-                .sh(GuestUser::Desk, "xdotool search --onlyvisible --class XTerm")
-                .await?;
-            Ok(out.status.success().then_some(()))
-        })
+        let xterm = eventually(
+            Duration::from_secs(5),
+            "an xterm from the launcher",
+            || async {
+                let out = guest
+                    .sh(
+                        GuestUser::Desk,
+                        "xdotool search --onlyvisible --class XTerm",
+                    )
+                    .await?;
+                Ok(out.status.success().then_some(()))
+            },
+        )
         .await;
         let cwd = guest
             .sh(
@@ -263,8 +272,12 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
                 }
             }
         };
-        eventually(Duration::from_secs(60), "Chromium's window", visible("Chromium"))
-            .await?;
+        eventually(
+            Duration::from_secs(60),
+            "Chromium's window",
+            visible("Chromium"),
+        )
+        .await?;
         let batch = json!({"actions": [
             {"action": "key", "text": "ctrl+l"},
             {"action": "type", "text": "chrome://sandbox\n"},
@@ -317,6 +330,13 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
         );
         let shot = api.screenshot(id).await?;
         save("desktop-chromium.png", &shot)?;
+        // Between the window (720 rows) and the taskbar the bare desktop
+        // shows, in its colour after windows came and went.
+        let bare = png_pixel(&shot, 1200, 740);
+        ensure!(
+            bare == Some(DESKTOP_RGB),
+            "the bare desktop is {bare:?}, not {DESKTOP_RGB:?}"
+        );
         Ok(())
     }
     .await;

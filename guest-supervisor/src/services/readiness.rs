@@ -177,6 +177,9 @@ fn wait_for_band(stream: UnixStream) -> Result<u32, String> {
             .map_err(|e| e.to_string())?;
         let area: Vec<u32> = reply.value32().map(Iterator::collect).unwrap_or_default();
         if let Some(band) = band_below(&area, height).filter(|b| *b > 0) {
+            // The taskbar's start can leave the root without its colour
+            // (black wherever the root is next exposed): paint it again.
+            paint_root_background(&conn, root);
             return Ok(band);
         }
         loop {
