@@ -19,7 +19,7 @@ pub const ENV_PREFIX: &str = "DORMOUSE_";
 
 /// Keys whose default is "absent" (an `Option`), so they do not show up in a
 /// serialised default and must be known by name.
-const OPTIONAL_KEYS: &[&str] = &["browser"];
+const OPTIONAL_KEYS: &[&str] = &["browser", "taskbar"];
 
 /// A browser the supervisor can autostart. In the configuration it is a
 /// name (`chromium`, `google-chrome`/`chrome`, `firefox`/`firefox-esr`, any
@@ -142,6 +142,10 @@ pub struct Config {
     pub glx: bool,
     /// Browser started after the desktop is up: `chromium`, `firefox` or none.
     pub browser: Option<Browser>,
+    /// The taskbar's tint2 configuration file: when set, `tint2 -c <file>`
+    /// runs as a service once the window manager does, and the status
+    /// reports the height of the band it keeps. Absent: no taskbar.
+    pub taskbar: Option<PathBuf>,
     /// Free space the workspace must have for the probe to pass, in MiB.
     pub workspace_min_free_mib: u64,
     /// CPU percent (of one core) above which a uid-1000 process counts as busy.
@@ -205,6 +209,7 @@ impl Default for Config {
             vnc_port: 5900,
             glx: false,
             browser: None,
+            taskbar: None,
             workspace_min_free_mib: 64,
             busy_cpu_percent: 20.0,
             stop_timeout_ms: 5000,
@@ -370,6 +375,9 @@ impl Config {
             if !path.is_absolute() {
                 return invalid(format!("{name} must be an absolute path, not {path:?}"));
             }
+        }
+        if let Some(taskbar) = self.taskbar.as_ref().filter(|p| !p.is_absolute()) {
+            return invalid(format!("taskbar must be an absolute path, not {taskbar:?}"));
         }
         if self.uid == 0 || self.gid == 0 {
             return invalid("the desktop must never run as root (uid or gid 0)".into());
@@ -597,7 +605,18 @@ mod tests {
         let text = include_str!("../../images/desktop/supervisor.toml");
         let config = Config::from_toml(text, "images/desktop/supervisor.toml").expect("parses");
         config.validate().expect("valid");
-        assert_eq!(config, Config::default());
+        // The image adds its taskbar; everything else is the default.
+        assert_eq!(
+            config.taskbar.as_deref(),
+            Some(Path::new("/etc/dormouse/tint2rc"))
+        );
+        assert_eq!(
+            config,
+            Config {
+                taskbar: config.taskbar.clone(),
+                ..Config::default()
+            }
+        );
     }
 
     #[test]
@@ -623,6 +642,7 @@ mod tests {
             ("home", "relative/home"),
             ("log_format", "xml"),
             ("crash_loop_failures", "0"),
+            ("taskbar", "tint2rc"),
         ] {
             let mut config = Config::default();
             config.set(key, value, "--set").expect("parses");

@@ -26,6 +26,8 @@ struct Inputs {
     /// A crash loop or preparation failure, set by the service runner.
     service_problem: Option<String>,
     ready_since: Option<DateTime<Utc>>,
+    /// The taskbar's reserved band, set by the service runner while it runs.
+    taskbar_height: Option<u32>,
 }
 
 /// Shared, cheaply clonable handle to the supervisor's status.
@@ -47,6 +49,7 @@ impl StatusCell {
             health: None,
             service_problem: None,
             ready_since: None,
+            taskbar_height: None,
         };
         let status = derive(&identity, &inputs);
         let (tx, _) = watch::channel(status);
@@ -102,6 +105,11 @@ impl StatusCell {
             i.services = services;
             i.service_problem = problem;
         });
+    }
+
+    /// The height of the taskbar's band while it runs, `None` without one.
+    pub fn set_taskbar_height(&self, height: Option<u32>) {
+        self.update(|i| i.taskbar_height = height);
     }
 
     /// Records a probe report made against `epoch`.
@@ -190,6 +198,7 @@ fn derive(identity: &ContainerStartIdentity, i: &Inputs) -> GuestStatus {
         services: i.services.clone(),
         health: i.health.as_ref().map(|(_, h)| h.clone()),
         problem,
+        taskbar_height: i.taskbar_height,
     }
 }
 

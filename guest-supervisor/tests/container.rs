@@ -522,7 +522,13 @@ fn graceful_stop_closes_the_autostarted_browser_first() {
         .filter(|l| l.contains("service stopped"))
         .filter_map(|l| l.split("service=\"").nth(1)?.split('"').next())
         .collect();
-    assert_eq!(order, ["browser", "vnc", "openbox", "xvfb"], "{logs}");
+    // In reverse of the start order (the image's taskbar after the window
+    // manager and the VNC server).
+    assert_eq!(
+        order,
+        ["browser", "taskbar", "vnc", "openbox", "xvfb"],
+        "{logs}"
+    );
     assert!(logs.contains("all_reaped=true"), "{logs}");
 
     // The profile was closed, not abandoned: no lock left, a clean exit

@@ -92,6 +92,12 @@ pub struct ComputerStatus {
     /// `null` when the broker has not determined it (and from older brokers).
     #[serde(default)]
     pub workspace_limit: Option<WorkspaceLimit>,
+    /// Height in desktop pixels of the taskbar at the bottom of the screen,
+    /// as the guest reports it while it runs: the screen's lowest
+    /// `taskbar_height` rows are the taskbar, and windows open above them.
+    /// `null` while stopped, without a taskbar, or from older guests.
+    #[serde(default)]
+    pub taskbar_height: Option<u32>,
 }
 
 /// The host-side limit on one computer's workspace (a project quota on the

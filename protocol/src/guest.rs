@@ -122,6 +122,12 @@ pub struct GuestStatus {
     pub health: Option<HealthReport>,
     /// Why the desktop is degraded or not ready, for people.
     pub problem: Option<String>,
+    /// Height in desktop pixels of the band the taskbar keeps for itself at
+    /// the bottom of the screen (the window manager's work area ends above
+    /// it), while the taskbar runs; `None` without one (and from older
+    /// supervisors).
+    #[serde(default)]
+    pub taskbar_height: Option<u32>,
 }
 
 /// One uid-1000 process using CPU.

@@ -216,6 +216,25 @@ pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
     Some((be(16), be(20)))
 }
 
+/// The RGB of the pixel at `x`, `y` of an 8-bit RGB or RGBA PNG; `None`
+/// for anything else or outside it.
+pub fn png_pixel(png: &[u8], x: u32, y: u32) -> Option<[u8; 3]> {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(png))
+        .read_info()
+        .ok()?;
+    let mut buf = vec![0u8; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).ok()?;
+    if info.bit_depth != png::BitDepth::Eight || x >= info.width || y >= info.height {
+        return None;
+    }
+    let channels = info.color_type.samples();
+    let at = usize::try_from(y).ok()? * info.line_size + usize::try_from(x).ok()? * channels;
+    match (info.color_type, buf.get(at..at + 3)) {
+        (png::ColorType::Rgb | png::ColorType::Rgba, Some(p)) => Some([p[0], p[1], p[2]]),
+        _ => None,
+    }
+}
+
 /// Standard base64 (padding optional); `None` on anything else.
 pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
     use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};

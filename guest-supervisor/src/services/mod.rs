@@ -1,4 +1,5 @@
-//! The desktop's services: Xvfb → (window manager ∥ VNC server) (→ browser).
+//! The desktop's services: Xvfb → (window manager ∥ VNC server) (→ taskbar)
+//! (→ browser).
 //!
 //! Owns starting each service as the desktop user in its own process group,
 //! in order (a service starts only while the services it waits for run:
@@ -372,7 +373,12 @@ async fn supervise(
 
         // 2. Spawn and wait for readiness.
         let spawned_at = Instant::now();
-        let attempt = match run_once(&spec, idx, &ctx, &mut stop, &pid_tx).await {
+        let attempt = run_once(&spec, idx, &ctx, &mut stop, &pid_tx).await;
+        if spec.kind == ServiceKind::Taskbar {
+            // Its band goes with it; the next start measures it again.
+            ctx.table.cell.set_taskbar_height(None);
+        }
+        let attempt = match attempt {
             Attempt::Stopped(clean) => {
                 pid_tx.send_replace(None);
                 stopped(&ctx, idx);
@@ -505,6 +511,9 @@ async fn run_once(
                 Err(readiness::NotReady::OutputClosed)
             }
             (ServiceKind::WindowManager, _) => readiness::window_manager(config).await,
+            (ServiceKind::Taskbar, _) => readiness::taskbar(config)
+                .await
+                .map(|band| ctx.table.cell.set_taskbar_height(Some(band))),
             (ServiceKind::Browser(_), _) => Ok(()),
         }
     };

@@ -8,6 +8,9 @@
 //!   after selecting them, so a manager that was quicker is not missed).
 //! - VNC server: the `PORT=<n>` line x11vnc prints once it listens,
 //!   confirmed by reading the RFB banner on loopback.
+//! - Taskbar: the window manager's work area (`_NET_WORKAREA` on the root)
+//!   ending above the bottom of the screen, i.e. the taskbar's strut was
+//!   honoured; awaited as `PropertyNotify` events like the manager's check.
 //!
 //! Each future here may be dropped at any time (the service exited, a stop
 //! came, the bound passed) and leaves nothing behind: a blocking X wait is
@@ -19,7 +22,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
+use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 use x11rb::protocol::Event;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
@@ -134,6 +137,68 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
     }
     paint_root_background(&conn, root);
     Ok(())
+}
+
+/// Waits until the window manager keeps a band free at the bottom of the
+/// screen for the taskbar, and returns its height in pixels.
+pub async fn taskbar(config: &Config) -> Result<u32, NotReady> {
+    let path = config.x_socket_path();
+    let stream = tokio::net::UnixStream::connect(&path).await?.into_std()?;
+    let guard = ShutdownOnDrop(stream.try_clone()?);
+    let waiter = tokio::task::spawn_blocking(move || wait_for_band(stream));
+    let result = waiter
+        .await
+        .map_err(|e| NotReady::X(format!("taskbar wait ended abnormally: {e}")))?;
+    drop(guard);
+    result.map_err(NotReady::X)
+}
+
+fn wait_for_band(stream: UnixStream) -> Result<u32, String> {
+    let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
+    let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
+    let (root, height) = {
+        let screen = x_client::screen(&conn, 0).map_err(|e| e.to_string())?;
+        (screen.root, u32::from(screen.height_in_pixels))
+    };
+    let atom = x_client::atom(&conn, b"_NET_WORKAREA").map_err(|e| e.to_string())?;
+    // Select first, then look: a work area set in between is seen either way.
+    conn.change_window_attributes(
+        root,
+        &ChangeWindowAttributesAux::new().event_mask(EventMask::PROPERTY_CHANGE),
+    )
+    .map_err(|e| e.to_string())?
+    .check()
+    .map_err(|e| e.to_string())?;
+    loop {
+        let reply = conn
+            .get_property(false, root, atom, AtomEnum::CARDINAL, 0, 4)
+            .map_err(|e| e.to_string())?
+            .reply()
+            .map_err(|e| e.to_string())?;
+        let area: Vec<u32> = reply.value32().map(Iterator::collect).unwrap_or_default();
+        if let Some(band) = band_below(&area, height).filter(|b| *b > 0) {
+            // The taskbar's start can leave the root without its colour
+            // (black wherever the root is next exposed): paint it again.
+            paint_root_background(&conn, root);
+            return Ok(band);
+        }
+        loop {
+            match conn.wait_for_event().map_err(|e| e.to_string())? {
+                Event::PropertyNotify(e) if e.atom == atom => break,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The rows between the bottom of the first desktop's work area (`x, y,
+/// width, height` of `_NET_WORKAREA`) and the bottom of a screen
+/// `screen_height` rows high; `None` when there is no work area.
+pub fn band_below(area: &[u32], screen_height: u32) -> Option<u32> {
+    let [_, y, _, h, ..] = *area else {
+        return None;
+    };
+    Some(screen_height.saturating_sub(y.saturating_add(h)))
 }
 
 /// Gives the bare desktop a calm solid colour instead of X's black, so a

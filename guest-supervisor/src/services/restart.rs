@@ -116,7 +116,7 @@ pub fn classify(kind: ServiceKind, exit: Option<ChildExit>, tail: &[String]) -> 
                 return FailureCause::PortInUse;
             }
         }
-        ServiceKind::WindowManager => {}
+        ServiceKind::WindowManager | ServiceKind::Taskbar => {}
     }
     if kind != ServiceKind::Display
         && said(&[

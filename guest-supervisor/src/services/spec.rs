@@ -13,6 +13,8 @@ pub enum ServiceKind {
     WindowManager,
     /// The VNC server.
     Vnc,
+    /// The taskbar (a dock window that reserves a band of the screen).
+    Taskbar,
     /// An autostarted browser.
     Browser(Browser),
 }
@@ -21,11 +23,14 @@ impl ServiceKind {
     /// Whether this service waits for an earlier service of kind `earlier`
     /// to run before it starts. The window manager and the VNC server need
     /// only X (they are X clients of their own), so they start side by side
-    /// once X answers; a browser needs the whole desktop.
+    /// once X answers; the taskbar needs the window manager too (its band
+    /// is reserved by the manager's work area); a browser needs the whole
+    /// desktop.
     pub fn waits_for(self, earlier: ServiceKind) -> bool {
         match self {
             Self::Display => false,
             Self::WindowManager | Self::Vnc => earlier == Self::Display,
+            Self::Taskbar => matches!(earlier, Self::Display | Self::WindowManager),
             Self::Browser(_) => true,
         }
     }
@@ -44,11 +49,10 @@ pub struct ServiceSpec {
     pub args: Vec<String>,
 }
 
-/// Flags every autostarted Chromium gets: it runs in a container without a
-/// user namespace sandbox (and under `no-new-privileges`), and must not
-/// phone home or nag.
+/// Flags every autostarted Chromium gets: it must not phone home or nag.
+/// Its own sandbox stays on (the broker's seccomp profile lets it make its
+/// user namespaces; docs/security.md).
 pub const CHROMIUM_FLAGS: &[&str] = &[
-    "--no-sandbox",
     "--no-first-run",
     "--no-default-browser-check",
     "--disable-background-networking",
@@ -118,6 +122,14 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
             ],
         },
     ];
+    if let Some(tint2rc) = &config.taskbar {
+        services.push(ServiceSpec {
+            name: "taskbar",
+            kind: ServiceKind::Taskbar,
+            program: "tint2".into(),
+            args: vec!["-c".into(), tint2rc.display().to_string()],
+        });
+    }
     if let Some(browser) = config.browser {
         let (program, args) = match browser {
             Browser::Chromium => (
@@ -158,9 +170,10 @@ pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
     if let Ok(tz) = std::env::var("TZ") {
         env.push(("TZ".into(), tz));
     }
-    // The container is the browsers' sandbox (see CHROMIUM_FLAGS): Firefox's
-    // own needs chroot from a user namespace, which an engine's seccomp
-    // profile may refuse, and its content processes then crash.
+    // Firefox's own sandbox stays off, the container is its sandbox:
+    // Chromium's runs under the broker's seccomp profile (docs/security.md),
+    // Firefox's has not been proven under it, and its content processes
+    // crash where an engine's profile refuses what it needs.
     env.extend(
         FIREFOX_SANDBOX_OFF
             .iter()

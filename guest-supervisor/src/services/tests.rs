@@ -11,9 +11,12 @@ fn the_window_manager_and_vnc_wait_for_x_alone_and_a_browser_for_all() {
         assert!(!side_by_side.waits_for(Vnc));
     }
     let browser = Browser(super::Browser::Chromium);
-    for earlier in [Display, WindowManager, Vnc] {
+    for earlier in [Display, WindowManager, Vnc, Taskbar] {
         assert!(browser.waits_for(earlier));
     }
+    // The taskbar's band is the window manager's work area: it waits for both.
+    assert!(Taskbar.waits_for(Display) && Taskbar.waits_for(WindowManager));
+    assert!(!Taskbar.waits_for(Vnc));
     assert!(!Display.waits_for(Display));
 }
 
@@ -43,9 +46,18 @@ fn services_in_order_with_hardened_flags() {
         ..config.clone()
     });
     assert!(!with_gl[0].args.iter().any(|a| a == "GLX"));
-    assert!(services[3].args.contains(&"--no-sandbox".to_owned()));
+    // Chromium keeps its own sandbox.
+    assert!(!services[3].args.iter().any(|a| a == "--no-sandbox"));
     let plain = desktop_services(&Config::default());
-    assert_eq!(plain.len(), 3, "no browser unless configured");
+    assert_eq!(plain.len(), 3, "no browser or taskbar unless configured");
+    let with_taskbar = desktop_services(&Config {
+        taskbar: Some("/etc/dormouse/tint2rc".into()),
+        ..config
+    });
+    let names: Vec<_> = with_taskbar.iter().map(|s| s.name).collect();
+    assert_eq!(names, ["xvfb", "openbox", "vnc", "taskbar", "browser"]);
+    assert_eq!(with_taskbar[3].program, "tint2");
+    assert_eq!(with_taskbar[3].args, ["-c", "/etc/dormouse/tint2rc"]);
 }
 
 #[test]
@@ -53,4 +65,18 @@ fn browsers_by_name() {
     assert_eq!(Browser::from_name("Chromium"), Some(Browser::Chromium));
     assert_eq!(Browser::from_name("firefox-esr"), Some(Browser::Firefox));
     assert_eq!(Browser::from_name("lynx"), None);
+}
+
+#[test]
+fn the_taskbar_band_is_what_the_work_area_leaves_below() {
+    use super::readiness::band_below;
+    assert_eq!(band_below(&[0, 0, 1280, 768], 800), Some(32));
+    assert_eq!(band_below(&[0, 0, 1280, 800], 800), Some(0));
+    // Several desktops: the first one's area counts.
+    assert_eq!(
+        band_below(&[0, 0, 1280, 770, 0, 0, 1280, 800], 800),
+        Some(30)
+    );
+    assert_eq!(band_below(&[0, 0], 800), None);
+    assert_eq!(band_below(&[0, 900, 1280, 900], 800), Some(0));
 }

@@ -155,7 +155,8 @@ pub struct Ulimit {
 impl Hardening {
     /// A canonical form for comparison: capability names upper-case without
     /// `CAP_`, lists sorted, `no-new-privileges:true` spelled
-    /// `no-new-privileges`, an empty restart policy spelled `no`.
+    /// `no-new-privileges`, a seccomp profile given inline as its digest
+    /// ([`super::seccomp::canonical`]), an empty restart policy spelled `no`.
     ///
     /// Engines normalise what they were given (Docker 20.10 stores `CHOWN`
     /// as `CAP_CHOWN`), so "as created" has to be judged on this form.
@@ -171,7 +172,7 @@ impl Hardening {
             .iter()
             .map(|o| match o.as_str() {
                 "no-new-privileges:true" | "no-new-privileges=true" => "no-new-privileges".into(),
-                other => other.to_owned(),
+                other => super::seccomp::canonical(other),
             })
             .collect();
         security_opt.sort();

@@ -19,6 +19,7 @@ pub mod container_engine;
 pub mod fake;
 pub mod probe;
 pub mod resume;
+pub mod seccomp;
 pub mod spec;
 
 use std::collections::BTreeMap;
@@ -236,6 +237,7 @@ impl Backend for DockerBackend {
     fn provision<'a>(&'a self, origin: Origin<'a>) -> BackendFuture<'a, ()> {
         Box::pin(async move {
             let spec = &spec::from_backend(origin.spec)?;
+            seccomp::install(self.config.dialect, &self.paths)?;
             self.engine.create(spec).await?;
             // An engine may accept a setting and not apply it (a compatible
             // API that ignores a field): what it reports now must be what was

@@ -4,7 +4,8 @@
 //! The checks fail closed: container present and stopped, created from the
 //! recorded image and that image still present, its labels, hostname,
 //! network (`none`, no published ports), hardening (capabilities, security
-//! options with their seccomp and AppArmor profiles, IPC, PID, UTS, user and
+//! options with their seccomp (Dormouse's own, compared by digest) and
+//! AppArmor profiles, IPC, PID, UTS, user and
 //! cgroup namespaces, devices, sysctls, read-only root, ulimits), entrypoint,
 //! command and user, limits and mounts exactly as created. Anything unknown
 //! is a refusal that names what differs. This module only judges.
@@ -406,6 +407,55 @@ mod tests {
         let (record, mut info) = pair();
         info.apparmor_profile = String::new();
         assert_eq!(check(record.origin(), Some(&info), Some(true)), Ok(()));
+    }
+
+    /// The seccomp profile is provenance: a container with another profile
+    /// (or with the engine's default, or none) is refused by name, and one
+    /// with Dormouse's profile spelled differently is the same container.
+    #[test]
+    fn the_seccomp_profile_is_part_of_provenance() {
+        let ours = crate::seccomp::security_opt(crate::Dialect::Docker, &Paths::new("/data"));
+        let (record, info) = pair();
+        assert!(info.hardening.security_opt.contains(&ours));
+        type Change = fn(&mut Vec<String>);
+        let cases: [(&str, Change); 3] = [
+            ("another profile", |opts| {
+                opts.retain(|o| !o.starts_with("seccomp="));
+                opts.push(r#"seccomp={"defaultAction":"SCMP_ACT_ALLOW"}"#.into());
+            }),
+            ("the engine's default", |opts| {
+                opts.retain(|o| !o.starts_with("seccomp="))
+            }),
+            ("unconfined", |opts| {
+                opts.retain(|o| !o.starts_with("seccomp="));
+                opts.push("seccomp=unconfined".into());
+            }),
+        ];
+        for (what, change) in cases {
+            let mut info = info.clone();
+            change(&mut info.hardening.security_opt);
+            let why = refused(&record, &info);
+            assert!(why.contains("security_opt"), "{what}: {why}");
+            assert!(
+                why.len() < 600,
+                "{what}: the diff names a digest, not the profile: {why}"
+            );
+        }
+        let mut info = info.clone();
+        info.hardening.security_opt = vec![
+            format!("seccomp={}", crate::seccomp::PROFILE),
+            "no-new-privileges:true".into(),
+        ];
+        assert_eq!(check(record.origin(), Some(&info), Some(true)), Ok(()));
+        // A record made before the profile (none) resumes its container
+        // made so, and refuses one that has it.
+        let (mut old, mut info) = pair();
+        let mut spec = crate::spec::from_backend(&old.spec).unwrap();
+        spec.hardening.security_opt = vec!["no-new-privileges".into()];
+        old.spec = crate::spec::to_backend(&spec);
+        assert!(refused(&old, &info).contains("security_opt"));
+        info.hardening.security_opt = vec!["no-new-privileges".into()];
+        assert_eq!(check(old.origin(), Some(&info), Some(true)), Ok(()));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! container is created with.
 //!
 //! Hardening: `--network none`, no published ports, `cap-drop ALL` plus
-//! exactly the supervisor's capabilities, `no-new-privileges`, private IPC,
+//! exactly the supervisor's capabilities, `no-new-privileges`, Dormouse's
+//! seccomp profile ([`seccomp`]), private IPC,
 //! PID, UTS and cgroup namespaces, no devices, no sysctls, explicit ulimits,
 //! CPU/memory/swap/pids limits, only the workspace and run-directory mounts,
 //! restart policy `no`, no engine init (the supervisor is PID 1). This module
@@ -15,7 +16,7 @@ use dormouse_protocol::{LABEL_COMPUTER, LABEL_OWNER};
 use uuid::Uuid;
 
 use super::container_engine::{BindMount, ContainerSpec, Hardening, Limits, Process, Ulimit};
-use super::DockerConfig;
+use super::{seccomp, DockerConfig};
 pub use dormouse_core::engine::hostname;
 use dormouse_core::engine::{BackendSpec, EngineError, Image};
 use dormouse_core::paths::Paths;
@@ -124,7 +125,10 @@ pub fn container_spec(
                 .map(|c| (*c).into())
                 .collect(),
             cap_drop: vec!["ALL".into()],
-            security_opt: vec!["no-new-privileges".into()],
+            security_opt: vec![
+                "no-new-privileges".into(),
+                seccomp::security_opt(config.dialect, paths),
+            ],
             ipc_mode: "private".into(),
             cgroupns_mode: "private".into(),
             privileged: false,
@@ -233,7 +237,13 @@ mod tests {
             h.cap_add,
             vec!["CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL"]
         );
-        assert_eq!(h.security_opt, vec!["no-new-privileges".to_string()]);
+        assert_eq!(
+            h.security_opt,
+            vec![
+                "no-new-privileges".to_string(),
+                seccomp::security_opt(crate::Dialect::Docker, &paths)
+            ]
+        );
         assert_eq!(h.ipc_mode, "private");
         assert_eq!(h.cgroupns_mode, "private");
         assert!(!h.privileged && !h.publish_all_ports && !h.init);

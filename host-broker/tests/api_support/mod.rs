@@ -162,6 +162,7 @@ pub fn sample(id: Uuid, name: &str, running: bool) -> ComputerStatus {
             stops_at: running.then(|| Utc::now() + chrono::Duration::hours(8)),
         }),
         workspace_limit: None,
+        taskbar_height: running.then_some(32),
     }
 }
 

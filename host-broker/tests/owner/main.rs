@@ -115,6 +115,7 @@ fn guest_status(ready: bool) -> GuestStatus {
         services: vec![],
         health: None,
         problem: None,
+        taskbar_height: None,
     }
 }
 

@@ -27,6 +27,7 @@ pub(crate) fn status(ready: bool) -> GuestStatus {
         services: vec![],
         health: None,
         problem: None,
+        taskbar_height: None,
     }
 }
 

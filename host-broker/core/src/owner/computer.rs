@@ -283,6 +283,11 @@ impl Computer {
             image_id: self.record.image_id.clone(),
             idle: Some(idle_status),
             workspace_limit: self.workspace_limit.clone(),
+            taskbar_height: if running {
+                self.guest.status.as_ref().and_then(|s| s.taskbar_height)
+            } else {
+                None
+            },
         }
     }
 }
