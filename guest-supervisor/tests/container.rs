@@ -506,10 +506,8 @@ fn graceful_stop_closes_the_autostarted_browser_first() {
     });
     let (took, code) = desk.stop();
     let logs = desk.logs();
-    println!(
-        "NUMBERS docker_stop_with_browser_ms={} exit_code={code}",
-        took.as_millis()
-    );
+    let ms = took.as_millis();
+    println!("NUMBERS docker_stop_with_browser_ms={ms} exit_code={code}");
     assert_eq!(code, 0, "{logs}");
     assert!(took < Duration::from_secs(10), "docker stop took {took:?}");
     let browser_line = logs
@@ -522,13 +520,9 @@ fn graceful_stop_closes_the_autostarted_browser_first() {
         .filter(|l| l.contains("service stopped"))
         .filter_map(|l| l.split("service=\"").nth(1)?.split('"').next())
         .collect();
-    // In reverse of the start order (the image's taskbar after the window
-    // manager and the VNC server).
-    assert_eq!(
-        order,
-        ["browser", "taskbar", "vnc", "openbox", "xvfb"],
-        "{logs}"
-    );
+    // The reverse of the start order (the taskbar starts after openbox and VNC).
+    let reverse_of_start = ["browser", "taskbar", "vnc", "openbox", "xvfb"];
+    assert_eq!(order, reverse_of_start, "{logs}");
     assert!(logs.contains("all_reaped=true"), "{logs}");
 
     // The profile was closed, not abandoned: no lock left, a clean exit

@@ -109,6 +109,34 @@ async fn query_token_is_accepted_only_on_events() {
 }
 
 #[tokio::test]
+async fn a_refused_request_with_a_body_says_the_connection_closes() {
+    let h = Harness::new();
+    let with_body = Request::post("/v1/computers")
+        .header(header::AUTHORIZATION, "Bearer wrong")
+        .header(header::CONTENT_LENGTH, "2")
+        .body(Body::from("{}"))
+        .expect("request");
+    let refused = call(&h, with_body).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.headers[header::CONNECTION], "close");
+    // Without a body the connection stays usable, and so does a success.
+    let bare = Request::get("/v1/computers")
+        .body(Body::empty())
+        .expect("request");
+    let refused = call(&h, bare).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert!(refused.headers.get(header::CONNECTION).is_none());
+    let created = call(&h, with_json(Method::POST, "/v1/computers", "{}")).await;
+    assert!(created.status.is_success(), "{}", created.status);
+    assert!(created.headers.get(header::CONNECTION).is_none());
+    assert!(
+        h.calls().iter().filter(|c| c.starts_with("create")).count() == 1,
+        "{:?}",
+        h.calls()
+    );
+}
+
+#[tokio::test]
 async fn malformed_json_is_400_and_changes_nothing() {
     let h = Harness::new();
     let id = h.add("a", true);

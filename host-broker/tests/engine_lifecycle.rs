@@ -252,8 +252,10 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
     drop(guard);
 }
 
-/// The `docker create` flags that make a container as `spec` says.
-fn create_flags(spec: &ContainerSpec) -> Vec<String> {
+/// The `docker create` flags that make a container as `spec` says; an
+/// inline seccomp profile (what the API takes) goes through a file in
+/// `dir`, as the CLI wants it (it sends the file's JSON inline).
+fn create_flags(spec: &ContainerSpec, dir: &std::path::Path) -> Vec<String> {
     let h = &spec.hardening;
     let mut args = vec![
         "create".to_string(),
@@ -270,7 +272,18 @@ fn create_flags(spec: &ContainerSpec) -> Vec<String> {
     ];
     args.extend(h.cap_drop.iter().map(|c| format!("--cap-drop={c}")));
     args.extend(h.cap_add.iter().map(|c| format!("--cap-add={c}")));
-    args.extend(h.security_opt.iter().map(|o| format!("--security-opt={o}")));
+    args.extend(
+        h.security_opt
+            .iter()
+            .map(|o| match o.strip_prefix("seccomp=") {
+                Some(profile) if profile.starts_with('{') => {
+                    let file = dir.join(format!("seccomp-{}.json", spec.name));
+                    std::fs::write(&file, profile).unwrap();
+                    format!("--security-opt=seccomp={}", file.display())
+                }
+                _ => format!("--security-opt={o}"),
+            }),
+    );
     args.extend(
         h.ulimits
             .iter()
@@ -326,7 +339,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
         let id = Uuid::new_v4();
         create::prepare_dirs(&paths, id, Some(&paths.workspace(id))).unwrap();
         let spec = container_spec(&docker, &paths, id, "tester", &image.clone().into());
-        let mut args = create_flags(&spec);
+        let mut args = create_flags(&spec, data.path());
         args.extend(extra.iter().map(|s| (*s).to_string()));
         args.push(image_id.clone());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -366,8 +366,30 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async { HttpError::no_route() })
         .method_not_allowed_fallback(|| async { HttpError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(close_after_refusal))
         .layer(middleware::from_fn(access_log))
         .with_state(state)
+}
+
+/// A request with a body that is refused (a wrong token, a foreign `Host`,
+/// a body too large) may be answered before its body is read; the server
+/// then closes the connection after the answer, so the answer says so
+/// (`Connection: close`) and a client does not send its next request into
+/// a connection that is going away.
+async fn close_after_refusal(request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut response = next.run(request).await;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// `GET /healthz`: the process serves (first line `ok`), and which engine it
