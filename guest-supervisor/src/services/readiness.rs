@@ -135,8 +135,46 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
             }
         }
     }
+    wait_for_desktops(&conn, root)?;
     paint_root_background(&conn, root);
     Ok(())
+}
+
+/// How long a manager that announced itself may take to name its desktops
+/// and work area before it counts as ready anyway (a manager that never
+/// sets them still runs).
+const DESKTOPS_GRACE: Duration = Duration::from_millis(500);
+
+/// Waits, within [`DESKTOPS_GRACE`], until the root has the manager's
+/// `_NET_NUMBER_OF_DESKTOPS` and `_NET_WORKAREA`: openbox writes them just
+/// after its check window, and a panel started in between (tint2) finds no
+/// desktops and sleeps a whole second before it looks again. The root's
+/// property changes are selected already.
+fn wait_for_desktops(conn: &RustConnection, root: u32) -> Result<(), String> {
+    let names: [&[u8]; 2] = [b"_NET_NUMBER_OF_DESKTOPS", b"_NET_WORKAREA"];
+    let mut atoms = Vec::with_capacity(names.len());
+    for name in names {
+        atoms.push(x_client::atom(conn, name).map_err(|e| e.to_string())?);
+    }
+    let deadline = std::time::Instant::now() + DESKTOPS_GRACE;
+    loop {
+        let mut all = true;
+        for &atom in &atoms {
+            let reply = conn
+                .get_property(false, root, atom, AtomEnum::ANY, 0, 1)
+                .map_err(|e| e.to_string())?
+                .reply()
+                .map_err(|e| e.to_string())?;
+            all &= reply.type_ != u32::from(AtomEnum::NONE);
+        }
+        if all || std::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        // Drain what came (a property change is the cue to look again),
+        // then give the manager a moment.
+        while conn.poll_for_event().map_err(|e| e.to_string())?.is_some() {}
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Waits until the window manager keeps a band free at the bottom of the
