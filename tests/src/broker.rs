@@ -92,21 +92,55 @@ pub async fn with_broker(
     test: &str,
     scenario: impl AsyncFnOnce(&BrokerProcess) -> Result<()>,
 ) -> Result<()> {
-    if !crate::docker_available(test) {
-        return Ok(());
-    }
-    let Some(image) = crate::desktop_image(test) else {
+    let Some(image) = crate::test_image(test) else {
         return Ok(());
     };
     let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
     let result = scenario(&broker).await;
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
+    broker.log_on_failure(result)
+}
+
+/// How long [`ready_desktop`] waits for a new desktop.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A broker of its own on `image` with one new desktop named `name`,
+/// ready: the broker, its client and the desktop's id.
+pub async fn ready_desktop(image: &str, name: &str) -> Result<(BrokerProcess, ApiClient, Uuid)> {
+    let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
+    let api = broker.client();
+    let mut events = crate::client::EventStream::open(&api).await?;
+    let id = crate::client::create_ready(&api, &mut events, name, READY_TIMEOUT)
+        .await
+        .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
+    Ok((broker, api, id))
+}
+
+/// The resident set of process `pid` now and its high-water mark, in KiB
+/// (`VmRSS`, `VmHWM` of `/proc/<pid>/status`).
+pub fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .with_context(|| format!("{name} in /proc/{pid}/status"))?;
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{line:?}"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 impl BrokerProcess {
+    /// `result`, after printing the broker's log when it is an error.
+    pub fn log_on_failure<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            eprintln!("--- dormoused log ---\n{}\n---", self.log_tail(8000));
+        }
+        result
+    }
+
     /// Starts a broker with a fresh data directory and waits until it
     /// answers `/healthz` and has written its token.
     pub async fn start(options: BrokerOptions) -> Result<Self> {

@@ -68,6 +68,16 @@ pub fn desktop_image(test: &str) -> Option<String> {
     None
 }
 
+/// The image a real-engine test runs on, or `None` (the test skips, having
+/// said why) without an engine or an image: [`docker_available`] then
+/// [`desktop_image`].
+pub fn test_image(test: &str) -> Option<String> {
+    if !docker_available(test) {
+        return None;
+    }
+    desktop_image(test)
+}
+
 /// A name unique to this process and call: `<prefix>-<pid>-<n>-<nanos>`.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

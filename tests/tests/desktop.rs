@@ -19,8 +19,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
+use dormouse_e2e::broker::ready_desktop;
+use dormouse_e2e::client::ApiClient;
 use dormouse_e2e::desk::{png_pixel, png_size};
 use dormouse_e2e::engine;
 use dormouse_e2e::guest::{Guest, GuestUser};
@@ -28,23 +28,12 @@ use dormouse_e2e::{desktop_image, docker_available};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const SCREEN_HEIGHT: u32 = 800;
 /// The colour the supervisor gives the bare desktop.
 const DESKTOP_RGB: [u8; 3] = [0x3b, 0x5b, 0x7a];
 /// The profile the broker ships, read from the source tree (not through
 /// the broker) to compare with what the engine applied.
 const PROFILE: &str = include_str!("../../host-broker/docker/seccomp/dormouse.json");
-
-async fn ready_desktop(image: &str, name: &str) -> Result<(BrokerProcess, ApiClient, Uuid)> {
-    let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
-    let api = broker.client();
-    let mut events = EventStream::open(&api).await?;
-    let id = create_ready(&api, &mut events, name, READY_TIMEOUT)
-        .await
-        .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
-    Ok((broker, api, id))
-}
 
 /// `uid args` of every process in the guest.
 async fn guest_ps(guest: &Guest) -> Result<Vec<(u32, String)>> {

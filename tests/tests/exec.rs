@@ -12,33 +12,16 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use base64::Engine as _;
 use dormouse_client::TerminalEvent;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{create_ready, ApiClient, ClientError, EventStream, Waits as _};
+use dormouse_e2e::broker::{memory_kib, ready_desktop, BrokerOptions, BrokerProcess};
+use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
 use dormouse_e2e::engine;
-use dormouse_e2e::{desktop_image, docker_available};
+use dormouse_e2e::test_image;
 use dormouse_protocol::api::{ContainerState, CreateComputer, LeaseRequest, StopReason};
 use dormouse_protocol::exec::{ExecRequest, ExecResultBody};
 use tokio::io::AsyncWriteExt as _;
 use uuid::Uuid;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
-
-async fn ready_desktop(image: &str, name: &str) -> Result<(BrokerProcess, ApiClient, Uuid)> {
-    let broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
-    let api = broker.client();
-    let mut events = EventStream::open(&api).await?;
-    let id = create_ready(&api, &mut events, name, READY_TIMEOUT)
-        .await
-        .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
-    Ok((broker, api, id))
-}
 
 fn container(id: Uuid) -> String {
     format!("dormouse-{id}")
@@ -99,7 +82,7 @@ async fn exec(api: &ApiClient, id: Uuid, request: &ExecRequest) -> Result<ExecRe
 // act, witness, clean up); its steps share the desktop and the witnesses,
 // and apart the order a reader must check would be spread over helpers.
 async fn exec_runs_as_the_desktop_user_and_ends_confirmed() -> Result<()> {
-    let Some(image) = setup("exec_runs_as_the_desktop_user_and_ends_confirmed") else {
+    let Some(image) = test_image("exec_runs_as_the_desktop_user_and_ends_confirmed") else {
         return Ok(());
     };
     let (broker, api, id) = ready_desktop(&image, "exec-api").await?;
@@ -244,7 +227,7 @@ async fn read_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_terminal_websocket_echoes_resizes_and_kills_on_close() -> Result<()> {
-    let Some(image) = setup("the_terminal_websocket_echoes_resizes_and_kills_on_close") else {
+    let Some(image) = test_image("the_terminal_websocket_echoes_resizes_and_kills_on_close") else {
         return Ok(());
     };
     let (broker, api, id) = ready_desktop(&image, "exec-ws").await?;
@@ -313,7 +296,7 @@ async fn engine_status(id: Uuid) -> Result<String> {
 /// The engine (`docker inspect`) is the witness of both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typing_into_a_terminal_keeps_the_desktop_from_idling() -> Result<()> {
-    let Some(image) = setup("typing_into_a_terminal_keeps_the_desktop_from_idling") else {
+    let Some(image) = test_image("typing_into_a_terminal_keeps_the_desktop_from_idling") else {
         return Ok(());
     };
     const WINDOW: Duration = Duration::from_secs(20);
@@ -380,19 +363,8 @@ async fn typing_into_a_terminal_keeps_the_desktop_from_idling() -> Result<()> {
 
 /// The broker's resident set now and its high-water mark, in MiB.
 fn broker_rss_mib(broker: &BrokerProcess) -> Result<(u64, u64)> {
-    let pid = broker.pid().context("the broker's pid")?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |name: &str| -> Result<u64> {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("{name} in /proc/{pid}/status"))?;
-        line.split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("{line:?}"))
-    };
-    Ok((kib("VmRSS:")? / 1024, kib("VmHWM:")? / 1024))
+    let (rss, hwm) = memory_kib(broker.pid().context("the broker's pid")?)?;
+    Ok((rss / 1024, hwm / 1024))
 }
 
 /// The bound the broker's peak resident set stays under while four execs
@@ -403,7 +375,7 @@ const EXEC_FLOOD_PEAK_MIB: u64 = 200;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_output_floods_cost_the_broker_bounded_memory() -> Result<()> {
-    let Some(image) = setup("exec_output_floods_cost_the_broker_bounded_memory") else {
+    let Some(image) = test_image("exec_output_floods_cost_the_broker_bounded_memory") else {
         return Ok(());
     };
     let (broker, api, id) = ready_desktop(&image, "exec-flood").await?;

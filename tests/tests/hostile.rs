@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{memory_kib, BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
 use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::{desktop_image, docker_available};
+use dormouse_e2e::test_image;
 use dormouse_protocol::api::ComputerStatus;
 use dormouse_protocol::frame::{self, MAX_HEADER_LEN};
 use dormouse_protocol::{GuestStatus, Hello, Request, Response, SOCKET_FILE_NAME};
@@ -54,20 +54,6 @@ const RSS_HEADROOM_KIB: u64 = 32 * 1024;
 /// Longest any status read of the other desktop may take during the flood:
 /// a bound on stalls, not a speed claim.
 const OTHER_STATUS_BOUND: Duration = Duration::from_secs(2);
-
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
-
-fn with_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
-}
 
 async fn ready_desktop(api: &ApiClient, name: &str) -> Result<Uuid> {
     let mut events = EventStream::open(api).await?;
@@ -100,7 +86,7 @@ fn witness_filesystem(path: &Path) -> Result<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_says_the_workspace_is_not_limited_and_why() -> Result<()> {
     let test = "the_status_says_the_workspace_is_not_limited_and_why";
-    let Some(image) = setup(test) else {
+    let Some(image) = test_image(test) else {
         return Ok(());
     };
     // A small limit, so that where it is enforced, filling it is quick.
@@ -173,26 +159,10 @@ async fn the_status_says_the_workspace_is_not_limited_and_why() -> Result<()> {
         Ok(())
     }
     .await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 // ---- the status flood -----------------------------------------------------
-
-/// The broker's resident set now and its high-water mark, in KiB.
-fn rss_kib(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<u64> {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("{name} in /proc/{pid}/status"))?;
-        line.split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("{line:?}"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
 
 /// One request to a supervisor socket and its answer (the real one, for the
 /// identity and status the fake repeats).
@@ -344,7 +314,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_flood_from_a_guest_costs_the_broker_bounded_memory() -> Result<()> {
     let test = "a_status_flood_from_a_guest_costs_the_broker_bounded_memory";
-    let Some(image) = setup(test) else {
+    let Some(image) = test_image(test) else {
         return Ok(());
     };
     if !nix::unistd::geteuid().is_root() {
@@ -353,7 +323,7 @@ async fn a_status_flood_from_a_guest_costs_the_broker_bounded_memory() -> Result
     }
     let mut broker = BrokerProcess::start(BrokerOptions::new(image)).await?;
     let result = flood(&mut broker).await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 // Over 100 lines on purpose: one real-engine test told in order (set up,
@@ -428,7 +398,7 @@ async fn flood(broker: &mut BrokerProcess) -> Result<()> {
         }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (base_rss, base_hwm) = rss_kib(pid)?;
+    let (base_rss, base_hwm) = memory_kib(pid)?;
     eprintln!("baseline: VmRSS {base_rss} KiB, VmHWM {base_hwm} KiB");
 
     // The flood, with the bystander's status read all along.
@@ -445,7 +415,7 @@ async fn flood(broker: &mut BrokerProcess) -> Result<()> {
         let o: ComputerStatus = api.get(other).await?;
         reads.push(t.elapsed());
         ensure!(o.ready, "the bystander stays ready: {o:?}");
-        let (rss, hwm) = rss_kib(pid)?;
+        let (rss, hwm) = memory_kib(pid)?;
         peak = peak.max(rss).max(hwm);
         if last_sample.elapsed() >= Duration::from_secs(1) {
             let t: ComputerStatus = api.get(target).await?;
@@ -464,7 +434,7 @@ async fn flood(broker: &mut BrokerProcess) -> Result<()> {
     }
     stop.store(true, Ordering::SeqCst);
     let flooded_for = begun.elapsed();
-    let (during_rss, during_hwm) = rss_kib(pid)?;
+    let (during_rss, during_hwm) = memory_kib(pid)?;
 
     // The last status the guest pushed is what the broker shows, once the
     // coalescing lets it out.
@@ -480,7 +450,7 @@ async fn flood(broker: &mut BrokerProcess) -> Result<()> {
     );
     let shown = api.get(target).await?;
     let shown_problem = shown.problem.clone().unwrap_or_default();
-    let (after_rss, after_hwm) = rss_kib(pid)?;
+    let (after_rss, after_hwm) = memory_kib(pid)?;
     let peak = peak
         .max(during_rss)
         .max(during_hwm)

@@ -14,7 +14,7 @@ use dormouse_e2e::client::{is_ready, ApiClient, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, EngineEventRecorder};
 use dormouse_e2e::guest::Guest;
 use dormouse_e2e::markers::Markers;
-use dormouse_e2e::{browser, desktop_image, docker_available};
+use dormouse_e2e::{browser, test_image};
 use dormouse_protocol::api::{ComputerStatus, ContainerState, CreateComputer, StopReason};
 use nix::sys::signal::Signal;
 use uuid::Uuid;
@@ -24,13 +24,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const STOPPED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The image, or `None` when the test must skip (visible; a failure under CI).
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
-
 /// A broker with one new desktop that is ready.
 async fn broker_with_ready_desktop(
     image: &str,
@@ -94,7 +87,7 @@ fn ensure_no_false_reason(status: &ComputerStatus) -> Result<()> {
 /// marker, the login cookie and both browsers working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_and_kill_keep_every_marker() -> Result<()> {
-    let Some(image) = setup("stop_and_kill_keep_every_marker") else {
+    let Some(image) = test_image("stop_and_kill_keep_every_marker") else {
         return Ok(());
     };
     let (mut broker, api, events, id) = broker_with_ready_desktop(&image, "markers").await?;
@@ -224,7 +217,7 @@ async fn stop_and_kill_keep_every_marker_scenario(
 /// it resumes with every marker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_killed_mid_stop_reconciles() -> Result<()> {
-    let Some(image) = setup("broker_killed_mid_stop_reconciles") else {
+    let Some(image) = test_image("broker_killed_mid_stop_reconciles") else {
         return Ok(());
     };
     let (mut broker, api, events, id) = broker_with_ready_desktop(&image, "mid-stop").await?;
@@ -343,7 +336,7 @@ async fn broker_killed_mid_stop_reconciles_scenario(
 /// and Chromium still has its login cookie. A purge then deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remove_keeps_workspace_for_readoption() -> Result<()> {
-    let Some(image) = setup("remove_keeps_workspace_for_readoption") else {
+    let Some(image) = test_image("remove_keeps_workspace_for_readoption") else {
         return Ok(());
     };
     let (mut broker, api, events, id) = broker_with_ready_desktop(&image, "first").await?;

@@ -21,7 +21,7 @@ use dormouse_e2e::client::{
 };
 use dormouse_e2e::engine;
 use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::{desktop_image, docker_available};
+use dormouse_e2e::test_image;
 use dormouse_protocol::api::ContainerState;
 use dormouse_protocol::Phase;
 use tokio::io::AsyncWriteExt as _;
@@ -29,20 +29,6 @@ use uuid::Uuid;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const STOPPED_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
-
-fn with_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
-}
 
 /// A refusal's status and its `code: message` text.
 fn refused<T: std::fmt::Debug>(result: Result<T, ClientError>) -> Result<(StatusCode, String)> {
@@ -65,12 +51,12 @@ async fn engine_state(id: Uuid) -> Result<Option<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletes_racing_other_work_answer_409_and_change_nothing() -> Result<()> {
-    let Some(image) = setup("deletes_racing_other_work_answer_409_and_change_nothing") else {
+    let Some(image) = test_image("deletes_racing_other_work_answer_409_and_change_nothing") else {
         return Ok(());
     };
     let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
     let result = scenario(&broker).await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 async fn scenario(broker: &BrokerProcess) -> Result<()> {

@@ -24,7 +24,7 @@ use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{create_ready, ApiClient, EventStream, Waits as _};
 use dormouse_e2e::engine;
 use dormouse_e2e::proxy::EngineProxy;
-use dormouse_e2e::{desktop_image, docker_available, TempDir};
+use dormouse_e2e::{test_image, TempDir};
 use dormouse_protocol::api::{ContainerState, StopReason};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -35,13 +35,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How soon after a kill the status must say so: the guest channel's
 /// witness, not the 30 s resync, is what makes this hold without events.
 const SEEN_WITHIN: Duration = Duration::from_secs(1);
-
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
 
 /// On failure, shows the end of the broker's log beside the error.
 fn with_broker_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
@@ -108,7 +101,7 @@ async fn seen_and_resumed(
 /// init from the host, one after the other on one desktop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_kill_is_seen_within_a_second() -> Result<()> {
-    let Some(image) = setup("every_kind_of_kill_is_seen_within_a_second") else {
+    let Some(image) = test_image("every_kind_of_kill_is_seen_within_a_second") else {
         return Ok(());
     };
     let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
@@ -144,7 +137,7 @@ async fn every_kind_of_kill_scenario(broker: &BrokerProcess) -> Result<()> {
 /// channel all the same, counted as a divergence, and the start works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_behind_a_cut_event_stream_is_seen() -> Result<()> {
-    let Some(image) = setup("a_kill_behind_a_cut_event_stream_is_seen") else {
+    let Some(image) = test_image("a_kill_behind_a_cut_event_stream_is_seen") else {
         return Ok(());
     };
     let proxy = EngineProxy::start(engine::engine_socket())?;
@@ -215,7 +208,7 @@ async fn divergences(api: &ApiClient) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_after_the_podman_service_restarted_is_seen() -> Result<()> {
     let test = "a_kill_after_the_podman_service_restarted_is_seen";
-    let Some(image) = setup(test) else {
+    let Some(image) = test_image(test) else {
         return Ok(());
     };
     if !engine::is_podman().await? {

@@ -23,7 +23,7 @@ use dormouse_e2e::client::{
 use dormouse_e2e::engine::{self, EngineEventRecorder};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::markers::{Markers, WORKSPACE_MARKER, WORKSPACE_MARKER_NAME};
-use dormouse_e2e::{desktop_image, docker_available};
+use dormouse_e2e::test_image;
 use dormouse_protocol::api::{ContainerState, LeaseRequest};
 use dormouse_protocol::workspace::{Compression, EntryType};
 use uuid::Uuid;
@@ -32,13 +32,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const STOPPED_TIMEOUT: Duration = Duration::from_secs(60);
 /// The import limit of the hostile-archive broker.
 const IMPORT_LIMIT: u64 = 1 << 20;
-
-fn setup(test: &str) -> Option<String> {
-    if !docker_available(test) {
-        return None;
-    }
-    desktop_image(test)
-}
 
 async fn ready_desktop(
     broker: &BrokerProcess,
@@ -50,13 +43,6 @@ async fn ready_desktop(
         .await
         .with_context(|| format!("new desktop; broker log:\n{}", broker.log_tail(3000)))?;
     Ok((api, events, id))
-}
-
-fn with_log<T>(broker: &BrokerProcess, result: Result<T>) -> Result<T> {
-    if result.is_err() {
-        eprintln!("--- dormoused log ---\n{}\n---", broker.log_tail(8000));
-    }
-    result
 }
 
 /// The status and code of a refused call.
@@ -121,7 +107,7 @@ fn host(cmd: &str, args: &[&str]) -> String {
 /// written; and the engine never saw a `start`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_desktop_files_disk_and_hostile_archives() -> Result<()> {
-    let Some(image) = setup("stopped_desktop_files_disk_and_hostile_archives") else {
+    let Some(image) = test_image("stopped_desktop_files_disk_and_hostile_archives") else {
         return Ok(());
     };
     let mut options = BrokerOptions::new(&image);
@@ -133,7 +119,7 @@ async fn stopped_desktop_files_disk_and_hostile_archives() -> Result<()> {
     ];
     let broker = BrokerProcess::start(options).await?;
     let result = stopped_scenario(&broker).await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 // Over 100 lines on purpose: one scenario on one desktop, its steps in
@@ -500,12 +486,12 @@ async fn stopped_scenario(broker: &BrokerProcess) -> Result<()> {
 /// both, and so has a stopped desktop whose workspace is replaced with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_import_carries_browser_logins() -> Result<()> {
-    let Some(image) = setup("export_import_carries_browser_logins") else {
+    let Some(image) = test_image("export_import_carries_browser_logins") else {
         return Ok(());
     };
     let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
     let result = export_scenario(&broker).await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 async fn export_scenario(broker: &BrokerProcess) -> Result<()> {
@@ -701,7 +687,7 @@ impl Drop for AutostartImage {
 /// restored), while the archive is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
-    let Some(image) = setup("an_export_starts_the_autostarted_browser_again") else {
+    let Some(image) = test_image("an_export_starts_the_autostarted_browser_again") else {
         return Ok(());
     };
     let autostart = AutostartImage::build(&image)?;
@@ -729,7 +715,7 @@ async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
         Ok(())
     }
     .await;
-    let result = with_log(&broker, result);
+    let result = broker.log_on_failure(result);
     drop(broker);
     drop(autostart);
     result
@@ -741,12 +727,12 @@ async fn an_export_starts_the_autostarted_browser_again() -> Result<()> {
 /// venv's python runs and every link and time is as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_virtualenv_and_links_survive_export_and_import() -> Result<()> {
-    let Some(image) = setup("a_virtualenv_and_links_survive_export_and_import") else {
+    let Some(image) = test_image("a_virtualenv_and_links_survive_export_and_import") else {
         return Ok(());
     };
     let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
     let result = venv_scenario(&broker).await;
-    with_log(&broker, result)
+    broker.log_on_failure(result)
 }
 
 /// Type, link target, mtime in nanoseconds and the first path of its
