@@ -255,22 +255,19 @@
 
   // ---- web access (egress) -----------------------------------------------------
 
-  /** Reads the policy and the last refusals of `id`. */
-  async function loadEgress(id) {
-    const entry = egress.get(id) || { policy: null, refused: [], fetchedAt: 0, loading: false };
+  /** Loads `id`'s entry of `cache` (a card's facts fetched beside its
+   *  status) with `fetch(id)`, unless a load is in flight; a failure keeps
+   *  what was shown, and the next refresh tries again. */
+  async function loadInto(cache, id, initial, fetch) {
+    const entry = cache.get(id) || Object.assign({ fetchedAt: 0, loading: false }, initial);
     if (entry.loading) return;
     entry.loading = true;
-    egress.set(id, entry);
+    cache.set(id, entry);
     try {
-      const [policy, refused] = await Promise.all([
-        api("GET", "/v1/computers/" + id + "/egress").then((r) => r.json()),
-        api("GET", "/v1/computers/" + id + "/egress/refused?limit=" + REFUSED_SHOWN).then((r) => r.json()),
-      ]);
-      if (egress.get(id) !== entry) return;
-      entry.policy = policy;
-      entry.refused = refused.entries;
+      const update = await fetch(id);
+      if (cache.get(id) === entry) Object.assign(entry, update);
     } catch (_) {
-      /* keep what was shown; the next refresh tries again */
+      /* keep what was shown */
     } finally {
       entry.loading = false;
       entry.fetchedAt = Date.now();
@@ -278,11 +275,29 @@
     }
   }
 
+  /** Whether `id`'s entry of `cache` is older than `every` ms. */
+  function due(cache, id, every) {
+    const entry = cache.get(id);
+    return !entry || (!entry.loading && Date.now() - entry.fetchedAt >= every);
+  }
+
+  /** The policy and the last refusals of `id`. */
+  async function fetchEgress(id) {
+    const [policy, refused] = await Promise.all([
+      api("GET", "/v1/computers/" + id + "/egress").then((r) => r.json()),
+      api("GET", "/v1/computers/" + id + "/egress/refused?limit=" + REFUSED_SHOWN).then((r) => r.json()),
+    ]);
+    return { policy, refused: refused.entries };
+  }
+
+  function loadEgress(id) {
+    return loadInto(egress, id, { policy: null, refused: [] }, fetchEgress);
+  }
+
   function refreshEgress() {
     if (document.hidden) return;
     for (const id of computers.keys()) {
-      const entry = egress.get(id);
-      if (!entry || (!entry.loading && Date.now() - entry.fetchedAt >= EGRESS_REFRESH_MS)) loadEgress(id);
+      if (due(egress, id, EGRESS_REFRESH_MS)) loadEgress(id);
     }
   }
 
@@ -338,26 +353,11 @@
 
   // ---- a person asked for (screen links minted with a reason) ---------------
 
-  /** Reads the live capabilities of `id` and keeps those minted with a
-   *  reason by someone else (an agent's `screen_link`). */
-  async function loadAsks(id) {
-    const entry = asks.get(id) || { list: [], fetchedAt: 0, loading: false };
-    if (entry.loading) return;
-    entry.loading = true;
-    asks.set(id, entry);
-    try {
-      const all = await (await api("GET", "/v1/computers/" + id + "/screens")).json();
-      if (asks.get(id) !== entry) return;
-      const ours = screens.get(id);
-      const mine = ours && ours.grant ? ours.grant.screen_id : null;
-      entry.list = all.filter((s) => s.reason && s.screen_id !== mine);
-    } catch (_) {
-      /* no screen routes, or a blip: keep what was shown */
-    } finally {
-      entry.loading = false;
-      entry.fetchedAt = Date.now();
-      render();
-    }
+  /** The live capabilities of `id` minted with a reason (an agent's
+   *  `screen_link`; the panel's own never carry one). */
+  async function fetchAsks(id) {
+    const all = await (await api("GET", "/v1/computers/" + id + "/screens")).json();
+    return { list: all.filter((s) => s.reason) };
   }
 
   function refreshAsks() {
@@ -368,7 +368,7 @@
         if (entry && entry.list.length) { entry.list = []; render(); }
         continue;
       }
-      if (!entry || (!entry.loading && Date.now() - entry.fetchedAt >= ASKS_REFRESH_MS)) loadAsks(id);
+      if (due(asks, id, ASKS_REFRESH_MS)) loadInto(asks, id, { list: [] }, fetchAsks);
     }
   }
 
