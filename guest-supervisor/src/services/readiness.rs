@@ -82,24 +82,37 @@ impl Drop for ShutdownOnDrop {
     }
 }
 
-/// Waits until a window manager announces itself on the root window.
-pub async fn window_manager(config: &Config) -> Result<(), NotReady> {
+/// Runs the blocking X wait `wait` on a connection of its own to the
+/// display, off the runtime; dropping the future shuts the connection down,
+/// which ends the wait (`what` names it in an abnormal end).
+async fn x_wait<T: Send + 'static>(
+    config: &Config,
+    what: &str,
+    wait: fn(&RustConnection) -> Result<T, String>,
+) -> Result<T, NotReady> {
     let path = config.x_socket_path();
     let stream = tokio::net::UnixStream::connect(&path).await?.into_std()?;
     let guard = ShutdownOnDrop(stream.try_clone()?);
-    let waiter = tokio::task::spawn_blocking(move || wait_for_wm(stream));
+    let waiter = tokio::task::spawn_blocking(move || {
+        let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
+        let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
+        wait(&conn)
+    });
     let result = waiter
         .await
-        .map_err(|e| NotReady::X(format!("window-manager wait ended abnormally: {e}")))?;
+        .map_err(|e| NotReady::X(format!("{what} wait ended abnormally: {e}")))?;
     drop(guard);
     result.map_err(NotReady::X)
 }
 
-fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
-    let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
-    let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
-    let root = x_client::root_window(&conn, 0).map_err(|e| e.to_string())?;
-    let atom = x_client::atom(&conn, b"_NET_SUPPORTING_WM_CHECK").map_err(|e| e.to_string())?;
+/// Waits until a window manager announces itself on the root window.
+pub async fn window_manager(config: &Config) -> Result<(), NotReady> {
+    x_wait(config, "window-manager", wait_for_wm).await
+}
+
+fn wait_for_wm(conn: &RustConnection) -> Result<(), String> {
+    let root = x_client::root_window(conn, 0).map_err(|e| e.to_string())?;
+    let atom = x_client::atom(conn, b"_NET_SUPPORTING_WM_CHECK").map_err(|e| e.to_string())?;
     let watch = |window: u32| {
         conn.change_window_attributes(
             window,
@@ -116,7 +129,7 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
     // its own window next, so a named window is watched too.
     let mut watched = None;
     loop {
-        match x_client::wm_state(&conn, root, atom).map_err(|e| e.to_string())? {
+        match x_client::wm_state(conn, root, atom).map_err(|e| e.to_string())? {
             WmState::Present { .. } => break,
             WmState::Stale { window } if watched != Some(window) => {
                 watched = Some(window);
@@ -135,8 +148,8 @@ fn wait_for_wm(stream: UnixStream) -> Result<(), String> {
             }
         }
     }
-    wait_for_desktops(&conn, root)?;
-    paint_root_background(&conn, root);
+    wait_for_desktops(conn, root)?;
+    paint_root_background(conn, root);
     Ok(())
 }
 
@@ -180,25 +193,15 @@ fn wait_for_desktops(conn: &RustConnection, root: u32) -> Result<(), String> {
 /// Waits until the window manager keeps a band free at the bottom of the
 /// screen for the taskbar, and returns its height in pixels.
 pub async fn taskbar(config: &Config) -> Result<u32, NotReady> {
-    let path = config.x_socket_path();
-    let stream = tokio::net::UnixStream::connect(&path).await?.into_std()?;
-    let guard = ShutdownOnDrop(stream.try_clone()?);
-    let waiter = tokio::task::spawn_blocking(move || wait_for_band(stream));
-    let result = waiter
-        .await
-        .map_err(|e| NotReady::X(format!("taskbar wait ended abnormally: {e}")))?;
-    drop(guard);
-    result.map_err(NotReady::X)
+    x_wait(config, "taskbar", wait_for_band).await
 }
 
-fn wait_for_band(stream: UnixStream) -> Result<u32, String> {
-    let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| e.to_string())?;
-    let conn = RustConnection::connect_to_stream(stream, 0).map_err(|e| e.to_string())?;
+fn wait_for_band(conn: &RustConnection) -> Result<u32, String> {
     let (root, height) = {
-        let screen = x_client::screen(&conn, 0).map_err(|e| e.to_string())?;
+        let screen = x_client::screen(conn, 0).map_err(|e| e.to_string())?;
         (screen.root, u32::from(screen.height_in_pixels))
     };
-    let atom = x_client::atom(&conn, b"_NET_WORKAREA").map_err(|e| e.to_string())?;
+    let atom = x_client::atom(conn, b"_NET_WORKAREA").map_err(|e| e.to_string())?;
     // Select first, then look: a work area set in between is seen either way.
     conn.change_window_attributes(
         root,
@@ -217,7 +220,7 @@ fn wait_for_band(stream: UnixStream) -> Result<u32, String> {
         if let Some(band) = band_below(&area, height).filter(|b| *b > 0) {
             // The taskbar's start can leave the root without its colour
             // (black wherever the root is next exposed): paint it again.
-            paint_root_background(&conn, root);
+            paint_root_background(conn, root);
             return Ok(band);
         }
         loop {
