@@ -257,7 +257,7 @@ const MAX_FILE_LINES: usize = 700;
 /// and when one shrinks under its ceiling (so the ceiling is lowered, or the
 /// line removed once it fits).
 const OVER_LENGTH_TESTS: [(&str, usize); 5] = [
-    ("tests/tests/workspace.rs", 951),
+    ("tests/tests/workspace.rs", 937),
     ("guest-supervisor/tests/actions.rs", 955),
     ("host-broker/tests/api_daemon.rs", 859),
     ("host-broker/tests/workspace_archive.rs", 833),
