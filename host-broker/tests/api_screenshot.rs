@@ -82,6 +82,16 @@ async fn a_bad_format_or_quality_is_400_and_asks_nothing() {
         ("?format=png&quality=50", "not png"),
         ("?format=jpeg&format=png", "format given twice"),
         ("?size=big", "unknown query parameter \"size\""),
+        ("?last=yes", "last must be true or false"),
+        (
+            "?last=true&format=png",
+            "format and quality are for a live screenshot",
+        ),
+        (
+            "?quality=9&last=true",
+            "format and quality are for a live screenshot",
+        ),
+        ("?last=true&last=true", "last given twice"),
     ] {
         let uri = format!("/v1/computers/{id}/screenshot{query}");
         let (status, _, body) = send(&h, Method::GET, &uri, None).await;
@@ -96,6 +106,34 @@ async fn a_bad_format_or_quality_is_400_and_asks_nothing() {
         Vec::<String>::new(),
         "a bad query reached the core"
     );
+}
+
+#[tokio::test]
+async fn the_last_screen_is_asked_of_the_core_and_marked_not_live() {
+    let h = Harness::new();
+    let id = h.add("a", false);
+    let uri = format!("/v1/computers/{id}/screenshot?last=true");
+    let (status, _, body) = send(&h, Method::GET, &uri, None).await;
+    // The scripted core keeps none: the answer says so in words.
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "not_found");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no last screen is kept"), "{message}");
+    assert_eq!(h.calls(), vec![format!("last_screen {id}")]);
+    // `last=false` is a live screenshot, marked as one.
+    let h = Harness::new();
+    let id = h.add("a", true);
+    let answer = call(
+        &h,
+        empty(
+            Method::GET,
+            &format!("/v1/computers/{id}/screenshot?last=false"),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.headers["dormouse-live"], "true");
 }
 
 #[tokio::test]

@@ -152,6 +152,10 @@ pub enum CliCommand {
         /// 1..=100, for jpeg and webp (default 80).
         #[arg(long)]
         quality: Option<u8>,
+        /// The screen kept at the broker's last stop (a WebP), without
+        /// starting the desktop.
+        #[arg(long, conflicts_with_all = ["scale", "format", "quality"])]
+        last: bool,
     },
     /// Run one computer-use action, e.g. `act ID left_click 640 400`.
     Act(actions::ActArgs),
@@ -418,9 +422,16 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
         CliCommand::Screenshot {
             id,
             output,
+            last: true,
+            ..
+        } => screenshot::last(c, &id, &output, json, out).await,
+        CliCommand::Screenshot {
+            id,
+            output,
             scale,
             format,
             quality,
+            last: false,
         } => {
             let encoding = dormouse_protocol::image::ImageEncoding::new(format, quality)
                 .map_err(|e| CliError::Usage(e.to_string()))?;

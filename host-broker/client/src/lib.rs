@@ -313,6 +313,40 @@ impl Client {
         Ok((bytes, content_type.unwrap_or_default()))
     }
 
+    /// `GET /v1/computers/{id}/screenshot?last=true`: the WebP the broker
+    /// kept at its last stop of the desktop, with when it was taken; nothing
+    /// is started. `not_found` when none is kept.
+    pub async fn last_screenshot(&self, id: Uuid) -> Result<LastScreenshot, Error> {
+        let method = Method::GET;
+        let path = format!("{}?last=true", computer(id, "/screenshot"));
+        let response = self
+            .request(method.clone(), &path)
+            .send()
+            .await
+            .map_err(|e| transport(&method, &path, e))?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .unwrap_or_default()
+        };
+        let taken_at = header("dormouse-taken-at");
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport(&method, &path, e))?;
+        if !status.is_success() {
+            return Err(answer_error(method, &path, status, &bytes));
+        }
+        Ok(LastScreenshot {
+            image: bytes.to_vec(),
+            taken_at,
+        })
+    }
+
     /// `GET /v1/events`: the WebSocket stream, opened with the token in the
     /// `Authorization` header. Open it before a call whose effect you want
     /// to see, so no change between the two is missed.
@@ -447,6 +481,15 @@ impl Client {
         }
         request
     }
+}
+
+/// The screen a desktop had when the broker last stopped it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastScreenshot {
+    /// A WebP.
+    pub image: Vec<u8>,
+    /// When it was taken (RFC 3339, UTC), as the broker said.
+    pub taken_at: String,
 }
 
 /// No answer, or a body that could not be read.

@@ -20,6 +20,7 @@ use crate::error::BrokerError;
 use crate::guest::{GuestSocket, QuiesceHold};
 use crate::reconcile::Orphan;
 use crate::screen::ScreenRegistry;
+use crate::store::LastScreen;
 use crate::workspace::{ChannelReader, DiskUsage, ImportSummary};
 
 /// Reply channel of a command.
@@ -81,6 +82,9 @@ pub enum Command {
     Egress(Uuid, Option<EgressPolicy>, Fence, Reply<EgressPolicy>),
     /// Egress bytes moved for a computer: activity for its idle timer.
     EgressActivity(Uuid, Reply<()>),
+    /// The screen kept at the broker's last stop of a computer, if any
+    /// (read from the disk; never starts or renews anything).
+    LastScreen(Uuid, Reply<Option<LastScreen>>),
 }
 
 /// Clonable handle the API layer and the CLI-in-process tests use.
@@ -241,6 +245,11 @@ impl BrokerHandle {
     /// See [`Command::Disk`].
     pub async fn disk(&self, id: Uuid) -> Result<DiskUsage, BrokerError> {
         self.ask(|r| Command::Disk(id, r)).await
+    }
+
+    /// See [`Command::LastScreen`].
+    pub async fn last_screen(&self, id: Uuid) -> Result<Option<LastScreen>, BrokerError> {
+        self.ask(|r| Command::LastScreen(id, r)).await
     }
 
     /// See [`Command::Import`].

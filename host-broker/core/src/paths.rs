@@ -6,6 +6,7 @@
 //! <data>/computers/<id>/computer.json   the computer's record
 //! <data>/computers/<id>/workspace/      its workspace (a host-directory backend's)
 //! <data>/computers/<id>/run/            its run directory (a host-directory backend's)
+//! <data>/computers/<id>/last-screen.webp its screen before the broker's last stop
 //! <data>/stops/<sha256(key)>.json       why the broker stopped it
 //! ```
 //!
@@ -62,6 +63,11 @@ impl Paths {
     /// `<data>/computers/<id>/run/supervisor.sock`.
     pub fn socket(&self, id: Uuid) -> PathBuf {
         self.run_dir(id).join(dormouse_protocol::SOCKET_FILE_NAME)
+    }
+
+    /// `<data>/computers/<id>/last-screen.webp`.
+    pub fn last_screen(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("last-screen.webp")
     }
 
     /// `<data>/stops`.

@@ -9,8 +9,9 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use dormouse_core::store::last_screen::LAST_SCREEN_FORMAT;
 use dormouse_protocol::api::{
-    ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
+    ComputerStatus, CreateComputer, ErrorCode, LeaseGrant, LeaseRequest, PatchComputer,
 };
 
 use super::error::HttpError;
@@ -83,18 +84,67 @@ pub async fn remove(
 
 /// `GET /v1/computers/{id}/screenshot[?format=png|jpeg|webp&quality=1..100]`:
 /// an image of the screen, PNG unless asked otherwise, with its media type.
+/// With `?last=true`: the WebP kept at the broker's last stop, with the time
+/// it was taken, whatever the desktop's state (nothing is started); 404
+/// when none is kept. Each answer says whether it is live
+/// (`Dormouse-Live`).
 pub async fn screenshot(
     State(state): State<ApiState>,
     ComputerId(id): ComputerId,
-    ScreenshotQuery(encoding): ScreenshotQuery,
+    query: ScreenshotQuery,
 ) -> Result<Response, HttpError> {
+    let encoding = match query {
+        ScreenshotQuery::Live(encoding) => encoding,
+        ScreenshotQuery::Last => return last_screen(&state, id).await,
+    };
     let (image, format) = state.broker.screenshot_as(id, encoding).await?;
     Ok((
         [
             (header::CONTENT_TYPE, format.media_type()),
             (header::CACHE_CONTROL, "no-store"),
+            (header::HeaderName::from_static(LIVE_HEADER), "true"),
         ],
         image,
+    )
+        .into_response())
+}
+
+/// Whether a screenshot shows the screen now (`true`) or as it was kept at
+/// the last stop (`false`).
+pub const LIVE_HEADER: &str = "dormouse-live";
+
+/// When a kept screen was taken (RFC 3339, milliseconds, UTC).
+pub const TAKEN_AT_HEADER: &str = "dormouse-taken-at";
+
+async fn last_screen(state: &ApiState, id: uuid::Uuid) -> Result<Response, HttpError> {
+    let Some(kept) = state.broker.last_screen(id).await? else {
+        return Err(HttpError::new(
+            ErrorCode::NotFound,
+            "no last screen is kept for this desktop: the broker keeps one when it stops a desktop",
+        ));
+    };
+    let taken_at = kept
+        .taken_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let modified = kept
+        .taken_at
+        .format("%a, %d %b %Y %H:%M:%S GMT")
+        .to_string();
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                LAST_SCREEN_FORMAT.media_type().to_owned(),
+            ),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+            (header::LAST_MODIFIED, modified),
+            (
+                header::HeaderName::from_static(LIVE_HEADER),
+                "false".to_owned(),
+            ),
+            (header::HeaderName::from_static(TAKEN_AT_HEADER), taken_at),
+        ],
+        kept.image,
     )
         .into_response())
 }

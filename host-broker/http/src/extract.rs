@@ -171,15 +171,28 @@ impl<S: Send + Sync> FromRequestParts<S> for RemoveQuery {
 }
 
 /// The query of `GET /v1/computers/{id}/screenshot`: `format=png|jpeg|webp`
-/// and `quality=1..100` (jpeg and webp), checked before the guest is asked.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScreenshotQuery(pub ImageEncoding);
+/// and `quality=1..100` (jpeg and webp), checked before the guest is asked;
+/// or `last=true` for the screen kept at the last stop, which comes as it
+/// was kept and so takes neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScreenshotQuery {
+    /// The screen now, in this encoding.
+    Live(ImageEncoding),
+    /// The screen kept at the last stop.
+    Last,
+}
+
+impl Default for ScreenshotQuery {
+    fn default() -> Self {
+        Self::Live(ImageEncoding::default())
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for ScreenshotQuery {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let (mut format, mut quality) = (None, None);
+        let (mut format, mut quality, mut last) = (None, None, None);
         for pair in parts.uri.query().unwrap_or("").split('&') {
             if pair.is_empty() {
                 continue;
@@ -188,6 +201,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ScreenshotQuery {
             let slot = match key {
                 "format" => &mut format,
                 "quality" => &mut quality,
+                "last" => &mut last,
                 _ => {
                     return Err(HttpError::bad_request(format!(
                         "unknown query parameter {:?}",
@@ -199,8 +213,25 @@ impl<S: Send + Sync> FromRequestParts<S> for ScreenshotQuery {
                 return Err(HttpError::bad_request(format!("{key} given twice")));
             }
         }
+        let last = match last.as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(HttpError::bad_request(format!(
+                    "last must be true or false, not {other:?}"
+                )));
+            }
+        };
+        if last {
+            if format.is_some() || quality.is_some() {
+                return Err(HttpError::bad_request(
+                    "the last screen comes as it was kept (WebP): format and quality are for a live screenshot",
+                ));
+            }
+            return Ok(Self::Last);
+        }
         ImageEncoding::parse(format, quality)
-            .map(Self)
+            .map(Self::Live)
             .map_err(|e| HttpError::bad_request(e.to_string()))
     }
 }

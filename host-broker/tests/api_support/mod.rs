@@ -399,6 +399,10 @@ async fn owner(
                 Ok(s.egress.get(&id).cloned().unwrap_or_default())
             }),
             Command::EgressActivity(id, reply) => answer!(reply, "egress_activity", id, Ok(())),
+            Command::LastScreen(id, reply) => answer!(reply, "last_screen", id, {
+                s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
+                Ok(None)
+            }),
             Command::ReleaseLease(id, _fence, reply) => answer!(reply, "release_lease", id, {
                 s.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
                 Ok(())

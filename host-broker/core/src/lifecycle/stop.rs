@@ -1,5 +1,6 @@
-//! `stop`: quiesce through the supervisor (bounded), then the backend's
-//! suspend, with the reason recorded against the desktop's `FinishedAt`.
+//! `stop`: a thumbnail of the screen kept, quiesce through the supervisor
+//! (both bounded), then the backend's suspend, with the reason recorded
+//! against the desktop's `FinishedAt`.
 //!
 //! Order matters for crash safety: the *intent* is persisted ([`begin`])
 //! before the stop is reported as under way or anything is asked of the guest
@@ -8,7 +9,10 @@
 //! after the stop, which is what later tells our stop apart from a foreign
 //! one. Stop never removes or recreates anything.
 
+use std::time::Duration;
+
 use chrono::Utc;
+use dormouse_protocol::actions::{Action, ActionBatch, Scale};
 use dormouse_protocol::api::StopReason;
 use dormouse_protocol::Quiesced;
 use uuid::Uuid;
@@ -17,7 +21,14 @@ use super::{stop_key, OpContext};
 use crate::engine::Desktop;
 use crate::error::BrokerError;
 use crate::guest;
+use crate::store::last_screen::{self, LAST_SCREEN_BOX, LAST_SCREEN_FORMAT};
 use crate::store::{StopRecord, StoreError};
+
+/// How long a stop waits for the screen's thumbnail (it takes 20–40 ms).
+const LAST_SCREEN_WAIT: Duration = Duration::from_secs(1);
+
+/// The thumbnail's WebP effort (lossless WebP: the pixels are exact at any).
+const LAST_SCREEN_QUALITY: u8 = 70;
 
 /// What a completed stop found.
 #[derive(Debug, Clone)]
@@ -55,6 +66,8 @@ pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stoppe
         ctx.stops.clear(&stop_key(id))?;
         return Err(BrokerError::WrongState("the desktop is not running".into()));
     }
+    // Before quiesce, which closes the browsers the thumbnail should show.
+    keep_last_screen(ctx, id).await;
     let quiesced = quiesce(ctx, id).await;
     let (info, record, unsaved) = finish(ctx, id, &intent).await?;
     Ok(Stopped {
@@ -63,6 +76,62 @@ pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stoppe
         quiesced,
         unsaved,
     })
+}
+
+/// Keeps a thumbnail of the screen as it is now as the desktop's last
+/// screen ([`last_screen`]), bounded by [`LAST_SCREEN_WAIT`]. A guest that
+/// does not answer, or answers anything but one WebP, keeps the one before;
+/// it is logged and never blocks the stop.
+pub async fn keep_last_screen(ctx: &OpContext, id: Uuid) {
+    let batch = ActionBatch {
+        actions: vec![Action::Screenshot {
+            format: Some(LAST_SCREEN_FORMAT),
+            quality: Some(LAST_SCREEN_QUALITY),
+        }],
+        scale: Some(Scale {
+            width: LAST_SCREEN_BOX.0,
+            height: LAST_SCREEN_BOX.1,
+        }),
+        cursor: false,
+    };
+    let socket = ctx.socket(id);
+    let shot = async {
+        socket
+            .connect()
+            .await?
+            .actions(batch, LAST_SCREEN_WAIT)
+            .await
+    };
+    let image = match tokio::time::timeout(LAST_SCREEN_WAIT, shot).await {
+        Ok(Ok(frame))
+            if frame.message.results.first().is_some_and(|r| r.ok)
+                && frame.message.image_lens == [frame.payload.len() as u64] =>
+        {
+            frame.payload
+        }
+        Ok(Ok(_)) => {
+            tracing::warn!(computer = %id, "the guest's screenshot before the stop is not one image; the last screen is kept as it was");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(computer = %id, error = %e, "no screenshot before the stop; the last screen is kept as it was");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(computer = %id, "no screenshot in {LAST_SCREEN_WAIT:?} before the stop; the last screen is kept as it was");
+            return;
+        }
+    };
+    let paths = ctx.paths.clone();
+    match tokio::task::spawn_blocking(move || last_screen::save(&paths, id, &image)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(computer = %id, error = %e, "the last screen cannot be kept");
+        }
+        Err(e) => {
+            tracing::warn!(computer = %id, error = %e, "the last screen's write did not finish")
+        }
+    }
 }
 
 /// Asks the guest to close browsers cleanly, bounded by the configured

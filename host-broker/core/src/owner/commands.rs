@@ -76,6 +76,7 @@ impl Owner {
             }
             Command::Egress(id, set, fence, reply) => self.egress((id, fence, set), reply).send(),
             Command::EgressActivity(id, reply) => self.egress_activity(id, reply).send(),
+            Command::LastScreen(id, reply) => self.last_screen(id, reply).send(),
         }
     }
 

@@ -30,7 +30,7 @@ use crate::command::{Fence, Reply};
 use crate::engine::Observed;
 use crate::error::BrokerError;
 use crate::relay::{self, Purpose};
-use crate::store::Paths;
+use crate::store::{last_screen, LastScreen, Paths};
 use crate::workspace::{
     self, disk_usage, replace_from_tar, ChannelReader, DiskUsage, ImportSummary, WorkspaceRoot,
 };
@@ -139,6 +139,32 @@ impl Owner {
                 }),
                 Ok(Err(e)) => Err(BrokerError::from(e)),
                 Err(e) => Err(BrokerError::Internal(format!("disk usage task: {e}"))),
+            };
+            let _ = reply.send(result);
+        });
+        Answer::Later
+    }
+
+    /// The screen kept at the last stop ([`crate::store::last_screen`]),
+    /// read on the blocking pool. One that cannot be read is logged and
+    /// answered as none: it is never served.
+    pub(super) fn last_screen(
+        &mut self,
+        id: Uuid,
+        reply: Reply<Option<LastScreen>>,
+    ) -> Answer<Option<LastScreen>> {
+        if !self.computers.contains_key(&id) {
+            return Answer::Now(reply, Err(BrokerError::NotFound(id)));
+        }
+        let paths = self.ctx.paths.clone();
+        self.tasks.spawn(async move {
+            let result = match tokio::task::spawn_blocking(move || last_screen::load(&paths, id)).await {
+                Ok(Ok(kept)) => Ok(kept),
+                Ok(Err(e)) => {
+                    tracing::warn!(computer = %id, error = %e, "the last screen cannot be read; none is served");
+                    Ok(None)
+                }
+                Err(e) => Err(BrokerError::Internal(format!("last screen task: {e}"))),
             };
             let _ = reply.send(result);
         });

@@ -137,7 +137,8 @@ impl ComputerStore {
 
     /// Deletes a record. With `purge` the whole computer directory goes
     /// (workspace included); without it the workspace is kept for
-    /// `workspace_from` and only the record and run directory are removed.
+    /// `workspace_from` and only the record, the last screen and the run
+    /// directory are removed.
     /// Blocking and possibly long: call it on the blocking pool.
     pub fn delete(&self, id: Uuid, purge: bool) -> Result<(), StoreError> {
         if purge {
@@ -145,6 +146,7 @@ impl ComputerStore {
             return super::sync_dir(&self.paths.computers());
         }
         remove_file(&self.paths.record(id))?;
+        super::last_screen::forget(&self.paths, id)?;
         remove_tree("remove", &self.paths.run_dir(id))
     }
 

@@ -4,6 +4,7 @@
 //! <data>/computers/<id>/computer.json   ComputerRecord (with its lease and generation)
 //! <data>/computers/<id>/workspace/      the desktop's workspace (uid 1000), kept on remove
 //! <data>/computers/<id>/run/            bind-mounted to /run/dormouse (supervisor.sock)
+//! <data>/computers/<id>/last-screen.webp LastScreen: the screen before the last stop
 //! <data>/stops/<sha256(key)>.json       StopRecord: why the broker stopped it
 //! ```
 //!
@@ -16,6 +17,7 @@
 //! This module owns file formats and paths; it never talks to the engine.
 
 pub mod computer;
+pub mod last_screen;
 pub mod lease;
 pub mod stop_reason;
 
@@ -30,6 +32,7 @@ use uuid::Uuid;
 
 pub use crate::paths::Paths;
 pub use computer::{ComputerRecord, ComputerStore};
+pub use last_screen::LastScreen;
 pub use lease::Lease;
 pub use stop_reason::{StopReasonStore, StopRecord};
 
@@ -199,7 +202,7 @@ pub fn remove_tree(op: &'static str, path: &Path) -> Result<(), StoreError> {
 }
 
 /// `O_NOFOLLOW`: a state file that is a symlink is refused, not followed.
-fn libc_o_nofollow() -> i32 {
+pub(crate) fn libc_o_nofollow() -> i32 {
     nix::fcntl::OFlag::O_NOFOLLOW.bits()
 }
 
