@@ -6,6 +6,8 @@
 //! <data>/computers/<id>/computer.json   the computer's record
 //! <data>/computers/<id>/workspace/      its workspace (a host-directory backend's)
 //! <data>/computers/<id>/run/            its run directory (a host-directory backend's)
+//! <data>/computers/<id>/activity.jsonl  its activity record, one entry a line
+//! <data>/computers/<id>/activity.seq    the first sequence number not yet handed out
 //! <data>/stops/<sha256(key)>.json       why the broker stopped it
 //! ```
 //!
@@ -62,6 +64,16 @@ impl Paths {
     /// `<data>/computers/<id>/run/supervisor.sock`.
     pub fn socket(&self, id: Uuid) -> PathBuf {
         self.run_dir(id).join(dormouse_protocol::SOCKET_FILE_NAME)
+    }
+
+    /// `<data>/computers/<id>/activity.jsonl`.
+    pub fn activity(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("activity.jsonl")
+    }
+
+    /// `<data>/computers/<id>/activity.seq`.
+    pub fn activity_seq(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("activity.seq")
     }
 
     /// `<data>/stops`.
