@@ -26,13 +26,12 @@ use std::io::{Read, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use chrono::Utc;
+use chrono::{SubsecRound as _, Utc};
 use dormouse_protocol::activity::{ActivityEntry, Actor, Happened, MAX_ACTIVITY_LIMIT};
 use dormouse_protocol::api::BrokerEvent;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::command::Fence;
 use crate::paths::Paths;
 use crate::store::{write_atomic, Lease};
 
@@ -47,7 +46,7 @@ const SEQ_BLOCK: u64 = 1024;
 
 /// Who made a call that carried `fence`: the lease's holder when it
 /// carried the generation that holder holds, else the token's caller.
-pub fn actor_of(lease: Option<&Lease>, fence: Fence) -> Actor {
+pub fn actor_of(lease: Option<&Lease>, fence: Option<u64>) -> Actor {
     match (lease, fence) {
         (Some(lease), Some(given)) if lease.generation == given => {
             Actor::Lease(lease.holder.clone())
@@ -192,7 +191,8 @@ impl ActivityLog {
         ring.next_seq = seq.saturating_add(1);
         let entry = ActivityEntry {
             seq,
-            at: Utc::now(),
+            // Kept as the wire has it, so a record read back equals it.
+            at: Utc::now().trunc_subsecs(3),
             actor,
             kind: what.kind(),
             summary: what.summary(),
