@@ -30,7 +30,7 @@ fn kinds(entries: &[ActivityEntry]) -> Vec<ActivityKind> {
     entries.iter().rev().map(|e| e.kind).collect()
 }
 
-fn only<'a>(entries: &'a [ActivityEntry], kind: ActivityKind) -> &'a ActivityEntry {
+fn only(entries: &[ActivityEntry], kind: ActivityKind) -> &ActivityEntry {
     let found: Vec<_> = entries.iter().filter(|e| e.kind == kind).collect();
     assert_eq!(found.len(), 1, "one {kind:?}: {entries:#?}");
     found[0]
