@@ -74,6 +74,7 @@ fn status_of(event: &BrokerEvent) -> (Uuid, bool) {
         BrokerEvent::Status { computer } => (computer.id, computer.ready),
         BrokerEvent::Removed { id } => panic!("expected a status, got removed {id}"),
         BrokerEvent::Egress { entry } => panic!("expected a status, got egress {entry:?}"),
+        BrokerEvent::Activity { entry, .. } => panic!("expected a status, got activity {entry:?}"),
     }
 }
 
@@ -150,6 +151,7 @@ async fn a_lagging_client_gets_a_fresh_snapshot() {
                 statuses += 1;
             }
             BrokerEvent::Egress { entry } => panic!("no egress here: {entry:?}"),
+            BrokerEvent::Activity { entry, .. } => panic!("no activity here: {entry:?}"),
         }
         if removed && statuses >= 1 {
             break;

@@ -111,7 +111,7 @@ async fn serve_screen_panel_demo() {
                 BrokerEvent::Removed { id } => {
                     registry.revoke_all(id, RevokeReason::Removed);
                 }
-                BrokerEvent::Egress { .. } => {}
+                BrokerEvent::Egress { .. } | BrokerEvent::Activity { .. } => {}
             }
         }
     });

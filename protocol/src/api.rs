@@ -137,6 +137,13 @@ pub enum BrokerEvent {
         /// What was decided, as the audit records it (bytes and end not yet known).
         entry: Box<crate::egress_policy::EgressLogEntry>,
     },
+    /// Something was done to a computer (its activity record's new entry).
+    Activity {
+        /// The computer.
+        id: Uuid,
+        /// The entry, as `GET /v1/computers/{id}/activity` answers it.
+        entry: Box<crate::activity::ActivityEntry>,
+    },
 }
 
 /// `POST /v1/computers`.

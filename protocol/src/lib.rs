@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod actions;
+pub mod activity;
 pub mod api;
 pub mod declare;
 pub mod egress;

@@ -227,6 +227,12 @@ pub fn summarize(event: &BrokerEvent) -> String {
             c.resumable_problem.as_deref().unwrap_or("")
         ),
         BrokerEvent::Removed { id } => format!("removed {id}"),
+        BrokerEvent::Activity { id, entry } => {
+            format!(
+                "activity {id} #{} {} {}",
+                entry.seq, entry.actor, entry.summary
+            )
+        }
         BrokerEvent::Egress { entry } => format!(
             "egress {} {}:{} {} {}",
             entry.computer,

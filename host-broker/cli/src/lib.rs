@@ -9,6 +9,7 @@
 //! matches several desktops).
 
 pub mod actions;
+mod activity;
 mod cp;
 mod create;
 mod egress;
@@ -170,6 +171,14 @@ pub enum CliCommand {
         /// What to do; prints the policy when absent.
         #[command(subcommand)]
         action: Option<egress::EgressAction>,
+    },
+    /// Print what was done to a desktop and by whom, newest first.
+    Activity {
+        /// Id, unique id prefix, or name.
+        id: String,
+        /// How many entries (1 to 500).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=500))]
+        limit: u16,
     },
     /// Renew a desktop's idle timer.
     Touch {
@@ -414,6 +423,7 @@ pub async fn run(args: CliArgs, out: &mut (dyn Write + Send)) -> Result<(), CliE
         }
         CliCommand::Stop { id } => stop::run(c, &id, json, out).await,
         CliCommand::Touch { id } => touch::run(c, &id, json, out).await,
+        CliCommand::Activity { id, limit } => activity::run(c, &id, limit.into(), json, out).await,
         CliCommand::Egress { id, action } => egress::run(c, &id, action, json, out).await,
         CliCommand::Rm { id, purge } => rm::run(c, &id, purge, json, out).await,
         CliCommand::Act(a) => actions::act(c, a, json, out).await,

@@ -33,6 +33,7 @@ pub mod token;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dormouse_protocol::activity::ActivityPage;
 use dormouse_protocol::api::{
     ApiError as ApiErrorBody, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, Orphan,
     PatchComputer, GENERATION_HEADER,
@@ -281,6 +282,17 @@ impl Client {
         self.call(
             Method::GET,
             &computer(id, &format!("/egress/refused?limit={limit}")),
+            NO_BODY,
+        )
+        .await
+    }
+
+    /// `GET /v1/computers/{id}/activity?limit=N`: what was done to it and
+    /// by whom, newest first (`limit` 1 to 500).
+    pub async fn activity(&self, id: Uuid, limit: usize) -> Result<ActivityPage, Error> {
+        self.call(
+            Method::GET,
+            &computer(id, &format!("/activity?limit={limit}")),
             NO_BODY,
         )
         .await

@@ -3,6 +3,7 @@
 //! send it over a channel and await the reply. No handler touches the engine
 //! or the disk itself.
 
+use dormouse_protocol::activity::{ActivityEntry, Actor, Happened, MAX_ACTIVITY_LIMIT};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, CreateComputer, LeaseGrant, LeaseRequest, PatchComputer,
 };
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
+use crate::activity::ActivityLog;
 use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
 use crate::guest::{GuestSocket, QuiesceHold};
@@ -94,6 +96,7 @@ pub struct BrokerHandle {
     events: broadcast::Sender<BrokerEvent>,
     screens: ScreenRegistry,
     egress: dormouse_egress::Policies,
+    activity: ActivityLog,
 }
 
 impl BrokerHandle {
@@ -101,10 +104,41 @@ impl BrokerHandle {
     pub fn new(tx: mpsc::Sender<Command>, events: broadcast::Sender<BrokerEvent>) -> Self {
         Self {
             tx,
+            activity: ActivityLog::in_memory(events.clone()),
             events,
             screens: ScreenRegistry::new(),
             egress: dormouse_egress::Policies::default(),
         }
+    }
+
+    /// The same handle over the owner's activity records.
+    pub fn with_activity(mut self, activity: ActivityLog) -> Self {
+        self.activity = activity;
+        self
+    }
+
+    /// Every computer's activity record.
+    pub fn activity_log(&self) -> &ActivityLog {
+        &self.activity
+    }
+
+    /// The last `limit` (1 to 500) activity entries of computer `id`,
+    /// newest first.
+    pub fn activity(&self, id: Uuid, limit: usize) -> Result<Vec<ActivityEntry>, BrokerError> {
+        if !(1..=MAX_ACTIVITY_LIMIT).contains(&limit) {
+            return Err(BrokerError::BadRequest(format!(
+                "limit is a number from 1 to {MAX_ACTIVITY_LIMIT}"
+            )));
+        }
+        self.activity
+            .recent(id, limit)
+            .ok_or(BrokerError::NotFound(id))
+    }
+
+    /// Records `what`, done by `actor`, in computer `id`'s activity (what
+    /// the API's own tasks did: files written, an export streamed).
+    pub fn record_activity(&self, id: Uuid, actor: Actor, what: &Happened) {
+        self.activity.record(id, actor, what);
     }
 
     /// The same handle over the owner's live egress policies.
@@ -291,6 +325,8 @@ pub struct WorkspaceGrant {
     pub id: Uuid,
     /// The workspace's host path (never shown to a client).
     pub path: PathBuf,
+    /// Who asked (the lease's holder when the call carried its generation).
+    pub actor: Actor,
     /// The limits to apply.
     pub limits: WorkspaceLimits,
     /// For an export: the running desktop's browsers were quiesced.
@@ -348,6 +384,8 @@ pub struct Ticket {
     pub guest: GuestSocket,
     /// The generation the call was admitted under.
     pub generation: u64,
+    /// Who asked (the lease's holder when the call carried its generation).
+    pub actor: Actor,
     /// Fires when that generation is fenced off or the computer goes (for
     /// a fenced purpose; otherwise never, until the computer is removed).
     pub revoked: CancellationToken,

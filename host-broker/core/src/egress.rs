@@ -151,7 +151,7 @@ async fn supervise(broker: BrokerHandle, egress: Arc<Egress>, shutdown: Cancella
                     }
                     egress.forget(id);
                 }
-                Ok(BrokerEvent::Egress { .. }) => {}
+                Ok(BrokerEvent::Egress { .. } | BrokerEvent::Activity { .. }) => {}
                 Err(RecvError::Lagged(_)) => resync.reset_immediately(),
                 Err(RecvError::Closed) => break,
             },

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod command;
 pub mod config;
 pub mod egress;

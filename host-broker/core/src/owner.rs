@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use dormouse_protocol::activity::{Actor, Happened};
 use dormouse_protocol::api::{
     BrokerEvent, ComputerStatus, ContainerState, CreateComputer, StopReason,
 };
@@ -48,6 +49,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use self::computer::{materially_different, Computer};
+use crate::activity::ActivityLog;
 use crate::command::{BrokerHandle, Command, Reply};
 use crate::config::BrokerConfig;
 use crate::engine::Observed;
@@ -165,6 +167,8 @@ pub async fn spawn_backend(
     for e in broken {
         tracing::error!(error = %e, "skipping a computer record that cannot be read");
     }
+    let (events, _) = broadcast::channel(EVENT_QUEUE);
+    let activity = ActivityLog::open(&paths, records.iter().map(|r| r.id), events.clone());
 
     let resync_interval = config.resync_interval;
     let config = Arc::new(config);
@@ -175,9 +179,8 @@ pub async fn spawn_backend(
         config,
     };
     let (command_tx, command_rx) = mpsc::channel(COMMAND_QUEUE);
-    let (events, _) = broadcast::channel(EVENT_QUEUE);
     let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE);
-    let screens = crate::screen::ScreenRegistry::new();
+    let screens = crate::screen::ScreenRegistry::recording(activity.clone());
     let egress = dormouse_egress::Policies::default();
     let mut owner = Owner {
         ctx,
@@ -202,6 +205,7 @@ pub async fn spawn_backend(
         next_resync: Instant::now() + resync_interval,
         resyncing: HashMap::new(),
         egress: egress.clone(),
+        activity: activity.clone(),
     };
     owner.start_up(records).await;
     owner.publish_egress_all();
@@ -213,7 +217,8 @@ pub async fn spawn_backend(
     Ok((
         BrokerHandle::new(command_tx, events)
             .with_screens(screens)
-            .with_egress(egress),
+            .with_egress(egress)
+            .with_activity(activity),
         task,
     ))
 }
@@ -259,6 +264,9 @@ struct Owner {
     resyncing: HashMap<Uuid, (ContainerState, Instant)>,
     /// Every computer's live egress policy ([`egress`]).
     egress: dormouse_egress::Policies,
+    /// Every computer's activity record: the owner records what it decides
+    /// and what its operations did, on their outcome.
+    activity: ActivityLog,
 }
 
 impl std::fmt::Debug for Owner {
@@ -296,6 +304,11 @@ impl Owner {
             .get(&id)
             .map(|c| self.status_of(c))
             .ok_or(BrokerError::NotFound(id))
+    }
+
+    /// Records `what`, done by `actor`, in computer `id`'s activity.
+    fn record(&self, id: Uuid, actor: Actor, what: &Happened) {
+        self.activity.record(id, actor, what);
     }
 
     fn window_of(&self, record: &ComputerRecord) -> Duration {

@@ -7,6 +7,8 @@
 //! <data>/computers/<id>/workspace/      its workspace (a host-directory backend's)
 //! <data>/computers/<id>/run/            its run directory (a host-directory backend's)
 //! <data>/computers/<id>/last-screen.webp its screen before the broker's last stop
+//! <data>/computers/<id>/activity.jsonl  its activity record, one entry a line
+//! <data>/computers/<id>/activity.seq    the first sequence number not yet handed out
 //! <data>/stops/<sha256(key)>.json       why the broker stopped it
 //! ```
 //!
@@ -68,6 +70,16 @@ impl Paths {
     /// `<data>/computers/<id>/last-screen.webp`.
     pub fn last_screen(&self, id: Uuid) -> PathBuf {
         self.computer_dir(id).join("last-screen.webp")
+    }
+
+    /// `<data>/computers/<id>/activity.jsonl`.
+    pub fn activity(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("activity.jsonl")
+    }
+
+    /// `<data>/computers/<id>/activity.seq`.
+    pub fn activity_seq(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("activity.seq")
     }
 
     /// `<data>/stops`.

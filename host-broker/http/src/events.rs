@@ -79,7 +79,7 @@ async fn relay(socket: WebSocket, state: ApiState) {
                         match &event {
                             BrokerEvent::Status { computer } => known.insert(computer.id),
                             BrokerEvent::Removed { id } => known.remove(id),
-                            BrokerEvent::Egress { .. } => false,
+                            BrokerEvent::Egress { .. } | BrokerEvent::Activity { .. } => false,
                         };
                         if send(&mut tx, &event).await.is_err() {
                             break End::Client;

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod actions;
+mod activity;
 pub mod auth;
 pub mod body;
 mod computers;
@@ -205,6 +206,12 @@ impl Routes {
                 Method::GET,
                 "/v1/computers/{id}/egress/refused",
                 egress::refused,
+            )
+            .add(
+                Token,
+                Method::GET,
+                "/v1/computers/{id}/activity",
+                activity::get,
             )
             .add(
                 Token,

@@ -8,6 +8,7 @@
 //! It never decides anything itself and never opens a guest path another
 //! way.
 
+use dormouse_protocol::activity::Actor;
 use dormouse_protocol::screen::ScreenMode;
 use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
@@ -58,6 +59,21 @@ impl ScreenHost for OwnerScreenHost {
                 .admit_guest(computer, generation, Purpose::Screen(mode))
                 .await
                 .map(|ticket| ticket.generation)
+                .map_err(refusal)
+        })
+    }
+
+    fn admit_as(
+        &self,
+        computer: Uuid,
+        mode: ScreenMode,
+        generation: Option<u64>,
+    ) -> BoxFuture<'_, Result<(u64, Actor), Refusal>> {
+        Box::pin(async move {
+            self.broker
+                .admit_guest(computer, generation, Purpose::Screen(mode))
+                .await
+                .map(|ticket| (ticket.generation, ticket.actor))
                 .map_err(refusal)
         })
     }

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use crate::extract::parse_generation;
 use crate::screen::relay::{relay, RelaySession};
-use crate::screen::RegistryError;
+use crate::screen::{Mint, RegistryError};
 use crate::screen::{Refusal, ScreenGateway};
 use crate::HttpError;
 
@@ -100,15 +100,15 @@ pub async fn create(
     let grant = loop {
         attempts += 1;
         let epoch = gw.registry.epoch(computer);
-        let current = gw.host.admit(computer, request.mode, fence).await?;
-        match gw.registry.mint(
-            computer,
-            request.mode,
+        let (current, actor) = gw.host.admit_as(computer, request.mode, fence).await?;
+        let mint = Mint {
+            mode: request.mode,
             ttl_ms,
-            current,
+            generation: current,
             epoch,
-            request.reason.as_deref(),
-        ) {
+            reason: request.reason.as_deref(),
+        };
+        match gw.registry.mint_as(computer, mint, actor) {
             Err(RegistryError::Raced) if attempts < 3 => continue,
             other => break other?,
         }

@@ -375,6 +375,7 @@ async fn owner(
                         computer: id,
                         guest,
                         generation: c.generation,
+                        actor: dormouse_protocol::activity::Actor::Api,
                         revoked: tokio_util::sync::CancellationToken::new(),
                         answers: Default::default(),
                     })

@@ -520,6 +520,7 @@ fn mutations_of(fake: &FakeEngine, verb: &str) -> usize {
 }
 
 mod actions;
+mod activity;
 mod fencing;
 mod hostile;
 mod idle;

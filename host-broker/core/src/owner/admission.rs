@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::commands::{Answer, Fenced};
 use super::computer::Computer;
 use super::Owner;
+use crate::activity::actor_of;
 use crate::command::{Fence, Reply};
 use crate::error::BrokerError;
 use crate::metrics::Metrics;
@@ -118,13 +119,14 @@ impl Owner {
                 self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
             }
         }
-        self.ticket(id, purpose)
+        self.ticket(id, fence, purpose)
     }
 
     /// The ticket of an admitted call.
-    fn ticket(&mut self, id: Uuid, purpose: Purpose) -> Result<Ticket, BrokerError> {
+    fn ticket(&mut self, id: Uuid, fence: Fence, purpose: Purpose) -> Result<Ticket, BrokerError> {
         let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
         let generation = c.record.generation;
+        let actor = actor_of(c.record.lease.as_ref(), fence);
         let answers = self.answer_report(id, c.follower.as_ref().map(|f| f.epoch));
         // Egress is revoked by a generation change too, though no lease fences it.
         let revoked = if purpose.fenced() || purpose == Purpose::Egress {
@@ -136,6 +138,7 @@ impl Owner {
             computer: id,
             guest: self.ctx.socket(id),
             generation,
+            actor,
             revoked,
             answers,
         })

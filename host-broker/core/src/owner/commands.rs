@@ -17,6 +17,7 @@ use super::admission::check_fence;
 use super::computer::{Computer, PendingTakeover};
 use super::ops::OpKind;
 use super::{disarm_idle, stop_follower, takeover_grace, Internal, Owner};
+use crate::activity::actor_of;
 use crate::command::{Command, Fence, Reply};
 use crate::engine::Image;
 use crate::engine::Observed;
@@ -25,6 +26,7 @@ use crate::idle::{IdleTimer, MAX_WINDOW, MIN_WINDOW};
 use crate::lifecycle::create;
 use crate::reconcile::Orphan;
 use crate::store::{computer::RECORD_SCHEMA, lease, ComputerRecord, Lease};
+use dormouse_protocol::activity::{Actor, Happened};
 
 /// What a command handler did with its reply.
 #[must_use]
@@ -220,9 +222,12 @@ impl Owner {
                 let window = self.window_of(&record);
                 let mut computer = Computer::new(record, IdleTimer::new(window, Instant::now()));
                 computer.engine = Observed::Missing;
+                computer.engine_seen = true;
                 computer.image_present = Some(true);
                 self.computers.insert(id, computer);
+                self.activity.add(id);
                 self.launch_create(id, reply);
+                self.op_by(id, Actor::Api);
             }
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -293,7 +298,9 @@ impl Owner {
         if !c.engine.is_up() {
             stop_follower(c);
         }
+        let actor = actor_of(c.record.lease.as_ref(), fence);
         self.launch_start(id, reply);
+        self.op_by(id, actor);
         Answer::Later
     }
 
@@ -318,7 +325,9 @@ impl Owner {
         // A manual stop cancels the idle timer.
         disarm_idle(c);
         c.ready_wait = None;
+        let actor = actor_of(c.record.lease.as_ref(), fence);
         self.launch_stop(id, StopReason::Manual, Some(reply));
+        self.op_by(id, actor);
         Answer::Later
     }
 
@@ -437,10 +446,11 @@ impl Owner {
             .ok_or(BrokerError::NotFound(id))?;
         let now = Utc::now();
         let mut record = c.record.clone();
-        match lease::decide(record.lease.as_ref(), &request.holder, now) {
+        let decision = lease::decide(record.lease.as_ref(), &request.holder, now);
+        match &decision {
             lease::LeaseDecision::Refuse { holder, expires_at } => {
                 return Err(BrokerError::LeaseHeld {
-                    holder,
+                    holder: holder.clone(),
                     expires_at: expires_at.to_rfc3339(),
                 })
             }
@@ -459,9 +469,19 @@ impl Owner {
         };
         record.lease = Some(granted.clone());
         // Persisted (atomically, fsynced) before anyone hears of it.
+        let previous = c.record.lease.as_ref().map(|l| l.holder.clone());
         self.store.save(&record)?;
         c.record = record;
         self.dirty.insert(id);
+        if decision == lease::LeaseDecision::TakeOver {
+            // A renewal is not recorded (holders renew often); a new holder is.
+            let (holder, generation) = (granted.holder.clone(), granted.generation);
+            let what = match previous {
+                Some(before) if before != holder => Happened::LeaseTakenOver { holder, generation },
+                _ => Happened::LeaseAcquired { holder, generation },
+            };
+            self.record(id, Actor::Lease(granted.holder.clone()), &what);
+        }
         Ok(LeaseGrant {
             generation: granted.generation,
             holder: granted.holder,

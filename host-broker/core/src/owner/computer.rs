@@ -90,6 +90,9 @@ pub struct Computer {
     pub engine: Observed,
     /// Whether the container was up the last time the engine could say.
     pub last_up: bool,
+    /// Whether the engine has said anything of it yet (its first answer
+    /// at start-up is no change of state, for the activity record).
+    pub engine_seen: bool,
     /// Whether the recorded image is present (`None`: unknown).
     pub image_present: Option<bool>,
     /// The stop-reason record, as last read or written.
@@ -135,6 +138,7 @@ impl Computer {
             record,
             engine: Observed::Unknown("not inspected yet".into()),
             last_up: false,
+            engine_seen: false,
             image_present: None,
             stop_record: None,
             guest: GuestView::default(),

@@ -7,6 +7,7 @@
 //! persisted before it began. So a result can only meet the operation that
 //! produced it, and no stop can run without its intent.
 
+use dormouse_protocol::activity::{Actor, Happened};
 use dormouse_protocol::api::{BrokerEvent, ComputerStatus, StopReason};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
@@ -147,6 +148,9 @@ pub struct InFlight {
     pub started: Instant,
     /// To abandon it (fencing takeover of a hung operation).
     pub abort: AbortHandle,
+    /// Who asked for it, for the activity record (the broker unless a
+    /// command says otherwise, [`Owner::op_by`]).
+    pub actor: Actor,
 }
 
 impl InFlight {
@@ -186,8 +190,16 @@ impl Owner {
             pending: pending(rx),
             started: Instant::now(),
             abort,
+            actor: Actor::Broker,
         });
         self.dirty.insert(id);
+    }
+
+    /// Says who asked for the operation just launched on `id`.
+    pub(super) fn op_by(&mut self, id: Uuid, actor: Actor) {
+        if let Some(op) = self.computers.get_mut(&id).and_then(|c| c.op.as_mut()) {
+            op.actor = actor;
+        }
     }
 
     pub(super) fn launch_create(&mut self, id: Uuid, reply: Reply<ComputerStatus>) {
@@ -271,23 +283,37 @@ impl Owner {
         self.dirty.insert(id);
         let started = op.started;
         let kind = op.kind();
+        let actor = op.actor;
         match op.pending {
             Pending::Create { reply, mut done } => {
                 let result = received(done.try_recv());
                 // The workspace (new or adopted) exists from here on, even
                 // when the container's start failed.
                 self.apply_workspace_limit(id);
+                if result.as_ref().is_ok_and(|d| d.state.is_up()) {
+                    self.record(id, actor, &Happened::Started);
+                }
                 self.on_running(id, kind, started, result, reply);
             }
             Pending::Start { reply, mut done } => {
                 let result = received(done.try_recv());
+                if result.as_ref().is_ok_and(|d| d.state.is_up()) {
+                    self.record(id, actor, &Happened::Started);
+                }
                 self.on_running(id, kind, started, result, reply);
             }
             Pending::Stop {
                 reason,
                 reply,
                 mut done,
-            } => self.on_stopped(id, reason, received(done.try_recv()), reply),
+            } => {
+                let result = received(done.try_recv());
+                if result.is_ok() {
+                    let reason = stop_reason_name(reason);
+                    self.record(id, actor, &Happened::Stopped { reason });
+                }
+                self.on_stopped(id, reason, result, reply);
+            }
             Pending::Remove {
                 purge,
                 reply,
@@ -310,7 +336,19 @@ impl Owner {
                 let result = received(done.try_recv());
                 match &result {
                     // A new tree was swapped in: it carries no project id yet.
-                    Ok(_) => self.apply_workspace_limit(id),
+                    Ok(summary) => {
+                        let entries = summary
+                            .files
+                            .saturating_add(summary.dirs)
+                            .saturating_add(summary.symlinks)
+                            .saturating_add(summary.hard_links);
+                        let what = Happened::Import {
+                            bytes: summary.bytes,
+                            entries,
+                        };
+                        self.record(id, actor, &what);
+                        self.apply_workspace_limit(id);
+                    }
                     Err(e) => {
                         tracing::info!(computer = %id, error = %e.detail(), "workspace import refused or failed; the old workspace stays");
                     }
@@ -451,6 +489,7 @@ impl Owner {
         self.last_change.remove(&id);
         self.resyncing.remove(&id);
         self.egress.remove(id);
+        self.activity.remove(id);
         stop_follower(&mut c);
         for t in c.takeovers.drain(..) {
             let _ = t.reply.send(Err(BrokerError::NotFound(id)));
@@ -506,6 +545,14 @@ impl Owner {
         stop_follower(c);
         self.launch_stop(id, StopReason::Fenced, None);
     }
+}
+
+/// A stop reason as the API spells it (`idle`, `manual`, …).
+pub(super) fn stop_reason_name(reason: StopReason) -> String {
+    serde_json::to_value(reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{reason:?}").to_lowercase())
 }
 
 /// An operation's result, which its task sent before it said it was done.

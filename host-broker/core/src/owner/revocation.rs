@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use dormouse_protocol::activity::{Actor, Happened};
 use dormouse_protocol::screen::RevokeReason;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -172,8 +173,15 @@ impl Owner {
         }
         check_fence(&self.metrics, c, fence)?;
         let mut record = c.record.clone();
-        record.lease = None;
+        let released = record.lease.take();
         self.store.save(&record)?;
+        if let Some(lease) = released {
+            let what = Happened::LeaseReleased {
+                holder: lease.holder.clone(),
+                generation: lease.generation,
+            };
+            self.record(id, Actor::Lease(lease.holder), &what);
+        }
         if let Some(c) = self.computers.get_mut(&id) {
             c.record = record;
         }

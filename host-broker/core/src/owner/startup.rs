@@ -25,6 +25,7 @@ use crate::idle::IdleTimer;
 use crate::lifecycle::stop_key;
 use crate::reconcile::{self, IntentAction, Orphan};
 use crate::store::ComputerRecord;
+use dormouse_protocol::activity::{Actor, Happened};
 
 impl Owner {
     pub(super) async fn start_up(&mut self, records: Vec<ComputerRecord>) {
@@ -273,15 +274,23 @@ impl Owner {
         let known = !matches!(view, Observed::Unknown(_));
         let now_up = view.is_up();
         c.engine = view;
+        let changed = c.engine_seen;
         if known {
             c.image_present = image_present;
             c.last_up = now_up;
+            c.engine_seen = true;
         }
         if c.op.is_some() || !known {
             return;
         }
         if was_up && !now_up {
             tracing::info!(computer = %id, "container went down");
+            if changed {
+                let oom = c.engine.info().is_some_and(|d| d.oom_killed);
+                let reason = if oom { "oom" } else { "killed" }.to_owned();
+                self.activity
+                    .record(id, Actor::Broker, &Happened::Stopped { reason });
+            }
             disarm_idle(c);
             stop_follower(c);
             c.ready_wait = None;
@@ -289,6 +298,9 @@ impl Owner {
         let start_follower = !was_up && now_up;
         if start_follower {
             tracing::info!(computer = %id, "container is up");
+            if changed {
+                self.activity.record(id, Actor::Broker, &Happened::Started);
+            }
             arm_idle(c, now);
         }
         let action = reconcile::settle_intent(c.stop_record.as_ref(), &c.engine);

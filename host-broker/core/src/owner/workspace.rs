@@ -20,12 +20,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use dormouse_protocol::activity::Actor;
 use dormouse_protocol::api::CreateComputer;
 use uuid::Uuid;
 
 use super::commands::Answer;
 use super::ops::{OpKind, Pending};
 use super::Owner;
+use crate::activity::actor_of;
 use crate::command::{Fence, Reply};
 use crate::engine::Observed;
 use crate::error::BrokerError;
@@ -42,6 +44,7 @@ impl Owner {
         WorkspaceGrant {
             id,
             path: self.ctx.backend.workspace(id),
+            actor: Actor::Api,
             limits: self.config().workspace.clone(),
             quiesced: false,
             hold: None,
@@ -80,7 +83,10 @@ impl Owner {
         if let Err(e) = checked {
             return Answer::Now(reply, Err(e));
         }
-        let grant = self.grant(id);
+        let mut grant = self.grant(id);
+        if let (WorkspaceAccess::Write(fence), Some(c)) = (access, self.computers.get(&id)) {
+            grant.actor = actor_of(c.record.lease.as_ref(), fence);
+        }
         let running = self.computers.get(&id).is_some_and(|c| c.engine.is_up());
         match access {
             WorkspaceAccess::Export { quiesce: true } if running => {
@@ -194,6 +200,7 @@ impl Owner {
             );
             return Answer::Now(reply, Err(e));
         }
+        let actor = actor_of(c.record.lease.as_ref(), fence);
         let grant = self.grant(id);
         self.launch(
             id,
@@ -218,6 +225,7 @@ impl Owner {
             },
             |done| Pending::Import { reply, done },
         );
+        self.op_by(id, actor);
         Answer::Later
     }
 

@@ -30,6 +30,7 @@ pub mod actions;
 use std::time::Duration;
 
 use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::activity::Happened;
 use dormouse_protocol::call;
 use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
 use dormouse_protocol::guest::PtyOpened;
@@ -105,8 +106,21 @@ impl BrokerHandle {
         request
             .validate()
             .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        let argv = match (&request.argv, &request.command) {
+            (Some(argv), _) => argv.clone(),
+            (None, Some(command)) => vec!["sh".into(), "-c".into(), command.clone()],
+            (None, None) => Vec::new(),
+        };
         let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
-        exec(&ticket, request).await
+        let result = exec(&ticket, request).await;
+        // Recorded on its outcome: an exec given up has no exit code.
+        let what = Happened::Exec {
+            argv,
+            exit_code: result.as_ref().ok().and_then(|r| r.exit_code),
+            timed_out: result.as_ref().is_ok_and(|r| r.timed_out),
+        };
+        self.record_activity(id, ticket.actor.clone(), &what);
+        result
     }
 
     /// A PNG of computer `id`'s screen (running is enough; not activity).
@@ -143,7 +157,18 @@ impl BrokerHandle {
         let ticket = self
             .admit_guest(id, fence, Purpose::Actions { busy_for })
             .await?;
-        run_actions(&ticket, batch).await
+        // Names and counts only: never a text or a key of the batch.
+        let count = batch.actions.len();
+        let mut names = std::collections::BTreeMap::new();
+        for action in &batch.actions {
+            *names.entry(action.name().to_string()).or_insert(0u64) += 1;
+        }
+        let result = run_actions(&ticket, batch).await;
+        let ok = result
+            .as_ref()
+            .is_ok_and(|r| r.results.len() == count && r.results.iter().all(|a| a.ok));
+        self.record_activity(id, ticket.actor.clone(), &Happened::Actions { names, ok });
+        result
     }
 
     /// Opens a terminal session in computer `id`; dropping the session ends
@@ -157,8 +182,10 @@ impl BrokerHandle {
     ) -> Result<(PtyOpened, GuestPty, Ticket), BrokerError> {
         open.validate()
             .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        let argv = open.argv.clone();
         let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
         let (opened, pty) = terminal(&ticket, open).await?;
+        self.record_activity(id, ticket.actor.clone(), &Happened::Terminal { argv });
         Ok((opened, pty, ticket))
     }
 }

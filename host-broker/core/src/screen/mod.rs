@@ -15,13 +15,14 @@
 
 pub mod registry;
 
+use dormouse_protocol::activity::Actor;
 use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::screen::ScreenMode;
 use futures_util::future::BoxFuture;
 use tokio::net::UnixStream;
 use uuid::Uuid;
 
-pub use registry::{RegistryError, ScreenRegistry, Ticket};
+pub use registry::{Mint, RegistryError, ScreenRegistry, Ticket};
 
 /// File name of the VNC server's socket inside a computer's run directory.
 pub use dormouse_protocol::screen::VNC_SOCKET_FILE_NAME;
@@ -90,6 +91,22 @@ pub trait ScreenHost: Send + Sync + 'static {
         mode: ScreenMode,
         generation: Option<u64>,
     ) -> BoxFuture<'_, Result<u64, Refusal>>;
+
+    /// [`admit`](Self::admit), with who asked for the activity record
+    /// (the lease's holder when `generation` is the one it holds); a host
+    /// that cannot tell says the token's caller.
+    fn admit_as(
+        &self,
+        computer: Uuid,
+        mode: ScreenMode,
+        generation: Option<u64>,
+    ) -> BoxFuture<'_, Result<(u64, Actor), Refusal>> {
+        Box::pin(async move {
+            self.admit(computer, mode, generation)
+                .await
+                .map(|g| (g, Actor::Api))
+        })
+    }
 
     /// A fresh connection to the desktop's `vnc.sock`, opened with the same
     /// no-follow, owner-checked rules as the supervisor socket.

@@ -27,7 +27,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::activity::ActivityLog;
 use crate::secret::SecretDigest;
+use dormouse_protocol::activity::{Actor, Happened};
 
 /// Live capabilities one computer may have at once (view may hold all but
 /// [`CONTROL_RESERVE`] of them).
@@ -144,6 +146,21 @@ impl Entry {
     }
 }
 
+/// What a capability is minted with ([`ScreenRegistry::mint_as`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Mint<'a> {
+    /// `view` or `control`.
+    pub mode: ScreenMode,
+    /// Its lifetime.
+    pub ttl_ms: u64,
+    /// The lease generation a control capability is bound to.
+    pub generation: u64,
+    /// What [`ScreenRegistry::epoch`] said before admission.
+    pub epoch: Epoch,
+    /// The reason given, kept for the list.
+    pub reason: Option<&'a str>,
+}
+
 /// A computer's revocation count, read before admission and checked at mint
 /// ([`ScreenRegistry::epoch`]), so a revocation that lands between the
 /// owner's admission and the mint cannot be missed.
@@ -162,6 +179,8 @@ struct State {
 #[derive(Clone, Default)]
 pub struct ScreenRegistry {
     state: Arc<Mutex<State>>,
+    /// Where mints and revocations are recorded, if anywhere.
+    activity: Option<ActivityLog>,
 }
 
 impl std::fmt::Debug for ScreenRegistry {
@@ -174,6 +193,15 @@ impl ScreenRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry that records every mint and revocation (expiry
+    /// included) in `activity`.
+    pub fn recording(activity: ActivityLog) -> Self {
+        Self {
+            state: Arc::default(),
+            activity: Some(activity),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -207,6 +235,30 @@ impl ScreenRegistry {
         epoch: Epoch,
         reason: Option<&str>,
     ) -> Result<ScreenGrant, RegistryError> {
+        let mint = Mint {
+            mode,
+            ttl_ms,
+            generation,
+            epoch,
+            reason,
+        };
+        self.mint_as(computer, mint, Actor::Api)
+    }
+
+    /// [`mint`](Self::mint), recorded as done by `actor`.
+    pub fn mint_as(
+        &self,
+        computer: Uuid,
+        mint: Mint<'_>,
+        actor: Actor,
+    ) -> Result<ScreenGrant, RegistryError> {
+        let Mint {
+            mode,
+            ttl_ms,
+            generation,
+            epoch,
+            reason,
+        } = mint;
         if !(MIN_SCREEN_TTL_MS..=MAX_SCREEN_TTL_MS).contains(&ttl_ms) {
             return Err(RegistryError::BadTtl);
         }
@@ -216,7 +268,7 @@ impl ScreenRegistry {
             return Err(RegistryError::Raced);
         }
         let entries = &mut state.entries;
-        sweep(entries, Instant::now());
+        sweep(entries, Instant::now(), self.activity.as_ref());
         let (views, all) = entries
             .values()
             .filter(|e| e.computer == computer)
@@ -252,6 +304,14 @@ impl ScreenRegistry {
                 reason: reason.map(str::to_owned),
             },
         );
+        if let Some(activity) = &self.activity {
+            let what = Happened::ScreenMinted {
+                screen_id,
+                mode: mode.as_str().to_owned(),
+                reason: reason.map(str::to_owned),
+            };
+            activity.record(computer, actor, &what);
+        }
         Ok(ScreenGrant {
             screen_id,
             mode,
@@ -265,7 +325,7 @@ impl ScreenRegistry {
     /// for one connection.
     pub fn authorize(&self, screen_id: Uuid, token: &str) -> Result<Ticket, RegistryError> {
         let entries = &mut self.lock().entries;
-        sweep(entries, Instant::now());
+        sweep(entries, Instant::now(), self.activity.as_ref());
         let entry = entries.get(&screen_id).ok_or(RegistryError::BadToken)?;
         if !entry.digest.matches(token) {
             return Err(RegistryError::BadToken);
@@ -304,7 +364,7 @@ impl ScreenRegistry {
     /// The live capabilities of `computer`, oldest first (never tokens).
     pub fn list(&self, computer: Uuid) -> Vec<ScreenInfo> {
         let entries = &mut self.lock().entries;
-        sweep(entries, Instant::now());
+        sweep(entries, Instant::now(), self.activity.as_ref());
         let mut list: Vec<ScreenInfo> = entries
             .iter()
             .filter(|(_, e)| e.computer == computer)
@@ -317,18 +377,29 @@ impl ScreenRegistry {
     /// The computer a capability belongs to, if it is live.
     pub fn computer_of(&self, screen_id: Uuid) -> Option<Uuid> {
         let entries = &mut self.lock().entries;
-        sweep(entries, Instant::now());
+        sweep(entries, Instant::now(), self.activity.as_ref());
         entries.get(&screen_id).map(|e| e.computer)
     }
 
     /// Revokes one capability: it stops working and its connections close.
     pub fn revoke(&self, screen_id: Uuid, reason: RevokeReason) -> Result<(), RegistryError> {
+        self.revoke_as(screen_id, reason, Actor::Api)
+    }
+
+    /// [`revoke`](Self::revoke), recorded as done by `actor`.
+    pub fn revoke_as(
+        &self,
+        screen_id: Uuid,
+        reason: RevokeReason,
+        actor: Actor,
+    ) -> Result<(), RegistryError> {
         let entry = self
             .lock()
             .entries
             .remove(&screen_id)
             .ok_or(RegistryError::NotFound)?;
         signal(&entry, reason);
+        record_revoked(self.activity.as_ref(), screen_id, &entry, reason, actor);
         Ok(())
     }
 
@@ -366,17 +437,20 @@ impl ScreenRegistry {
     }
 
     fn revoke_where(&self, reason: RevokeReason, affected: impl Fn(&Entry) -> bool) -> usize {
-        let gone: Vec<Entry> = {
+        let gone: Vec<(Uuid, Entry)> = {
             let entries = &mut self.lock().entries;
             let ids: Vec<Uuid> = entries
                 .iter()
                 .filter(|(_, e)| affected(e))
                 .map(|(id, _)| *id)
                 .collect();
-            ids.iter().filter_map(|id| entries.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| entries.remove(id).map(|e| (*id, e)))
+                .collect()
         };
-        for entry in &gone {
+        for (id, entry) in &gone {
             signal(entry, reason);
+            record_revoked(self.activity.as_ref(), *id, entry, reason, Actor::Broker);
         }
         gone.len()
     }
@@ -384,7 +458,11 @@ impl ScreenRegistry {
     /// Drops expired capabilities and tells their connections; returns how
     /// many. Every call sweeps too; a periodic sweep only frees memory sooner.
     pub fn sweep(&self) -> usize {
-        sweep(&mut self.lock().entries, Instant::now())
+        sweep(
+            &mut self.lock().entries,
+            Instant::now(),
+            self.activity.as_ref(),
+        )
     }
 
     /// Runs [`sweep`](Self::sweep) every `every` until the registry is the
@@ -406,7 +484,33 @@ fn signal(entry: &Entry, reason: RevokeReason) {
     entry.revoke.send_replace(Some(reason));
 }
 
-fn sweep(entries: &mut HashMap<Uuid, Entry>, now: Instant) -> usize {
+/// Records that capability `screen_id` went, for `reason`.
+fn record_revoked(
+    activity: Option<&ActivityLog>,
+    screen_id: Uuid,
+    entry: &Entry,
+    reason: RevokeReason,
+    actor: Actor,
+) {
+    let Some(activity) = activity else {
+        return;
+    };
+    let reason = serde_json::to_value(reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned));
+    let what = Happened::ScreenRevoked {
+        screen_id,
+        mode: entry.mode.as_str().to_owned(),
+        reason,
+    };
+    activity.record(entry.computer, actor, &what);
+}
+
+fn sweep(
+    entries: &mut HashMap<Uuid, Entry>,
+    now: Instant,
+    activity: Option<&ActivityLog>,
+) -> usize {
     let expired: Vec<Uuid> = entries
         .iter()
         .filter(|(_, e)| e.deadline <= now)
@@ -415,273 +519,11 @@ fn sweep(entries: &mut HashMap<Uuid, Entry>, now: Instant) -> usize {
     for id in &expired {
         if let Some(entry) = entries.remove(id) {
             signal(&entry, RevokeReason::Expired);
+            record_revoked(activity, *id, &entry, RevokeReason::Expired, Actor::Broker);
         }
     }
     expired.len()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MINUTE: u64 = 60_000;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_minted_token_authorizes_only_its_own_screen() {
-        let reg = ScreenRegistry::new();
-        let a = Uuid::new_v4();
-        let b = Uuid::new_v4();
-        let ga = reg
-            .mint(a, ScreenMode::View, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-        let gb = reg
-            .mint(b, ScreenMode::Control, MINUTE, 7, Epoch(0), None)
-            .unwrap();
-        assert_eq!(ga.token.len(), 64, "256 bits, hex");
-        assert_eq!(ga.websocket, format!("/v1/screens/{}/rfb", ga.screen_id));
-        let t = reg.authorize(ga.screen_id, &ga.token).unwrap();
-        assert_eq!((t.computer, t.mode), (a, ScreenMode::View));
-        // A's token on B's screen, a wrong token, an unknown id: one answer.
-        assert_eq!(
-            reg.authorize(gb.screen_id, &ga.token).unwrap_err(),
-            RegistryError::BadToken
-        );
-        assert_eq!(
-            reg.authorize(ga.screen_id, "0").unwrap_err(),
-            RegistryError::BadToken
-        );
-        assert_eq!(
-            reg.authorize(Uuid::new_v4(), &ga.token).unwrap_err(),
-            RegistryError::BadToken
-        );
-        let listed = reg.list(b);
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].generation, Some(7));
-        assert_eq!(reg.list(a)[0].connections, 1, "the ticket counts");
-        drop(t);
-        assert_eq!(reg.list(a)[0].connections, 0);
-        assert!(
-            !serde_json::to_string(&reg.list(a))
-                .unwrap()
-                .contains(&ga.token),
-            "never a token in a list"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn ttl_is_bounded() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        assert_eq!(
-            reg.mint(c, ScreenMode::View, 999, 0, Epoch(0), None)
-                .unwrap_err(),
-            RegistryError::BadTtl
-        );
-        assert_eq!(
-            reg.mint(
-                c,
-                ScreenMode::View,
-                MAX_SCREEN_TTL_MS + 1,
-                0,
-                Epoch(0),
-                None
-            )
-            .unwrap_err(),
-            RegistryError::BadTtl
-        );
-        for _ in 0..MAX_SCREENS_PER_COMPUTER - CONTROL_RESERVE {
-            reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None)
-                .unwrap();
-        }
-        let refused = reg.mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None);
-        assert_eq!(
-            refused,
-            Err(RegistryError::TooManyScreens(ScreenMode::View))
-        );
-        // The room kept for control is there, and then all is taken.
-        for _ in 0..CONTROL_RESERVE {
-            reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None)
-                .unwrap();
-        }
-        let refused = reg.mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None);
-        assert_eq!(
-            refused,
-            Err(RegistryError::TooManyScreens(ScreenMode::Control))
-        );
-        reg.mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn revocation_reaches_open_tickets_and_refuses_new_ones() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let other = Uuid::new_v4();
-        let g1 = reg
-            .mint(c, ScreenMode::View, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-        let g2 = reg
-            .mint(c, ScreenMode::Control, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-        let g3 = reg
-            .mint(other, ScreenMode::View, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-        let mut t1 = reg.authorize(g1.screen_id, &g1.token).unwrap();
-        let mut t2 = reg.authorize(g2.screen_id, &g2.token).unwrap();
-        let t3 = reg.authorize(g3.screen_id, &g3.token).unwrap();
-
-        assert_eq!(reg.revoke_all(c, RevokeReason::Stopped), 2);
-        t1.revoked.changed().await.unwrap();
-        assert_eq!(t1.revoked_now(), Some(RevokeReason::Stopped));
-        t2.revoked.changed().await.unwrap();
-        assert_eq!(t2.revoked_now(), Some(RevokeReason::Stopped));
-        assert_eq!(t3.revoked_now(), None, "another computer is untouched");
-        assert_eq!(
-            reg.authorize(g1.screen_id, &g1.token).unwrap_err(),
-            RegistryError::BadToken
-        );
-        assert!(reg.list(c).is_empty());
-
-        assert_eq!(reg.revoke(g3.screen_id, RevokeReason::Deleted), Ok(()));
-        assert_eq!(t3.revoked_now(), Some(RevokeReason::Deleted));
-        assert_eq!(
-            reg.revoke(g3.screen_id, RevokeReason::Deleted),
-            Err(RegistryError::NotFound)
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_generation_change_revokes_only_older_control() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let view = reg
-            .mint(c, ScreenMode::View, MINUTE, 3, Epoch(0), None)
-            .unwrap();
-        let old = reg
-            .mint(c, ScreenMode::Control, MINUTE, 3, Epoch(0), None)
-            .unwrap();
-        let new = reg
-            .mint(c, ScreenMode::Control, MINUTE, 4, Epoch(0), None)
-            .unwrap();
-        let t = reg.authorize(old.screen_id, &old.token).unwrap();
-        assert_eq!(reg.revoke_control_except(c, 4), 1);
-        assert_eq!(t.revoked_now(), Some(RevokeReason::GenerationChanged));
-        let left: Vec<Uuid> = reg.list(c).iter().map(|i| i.screen_id).collect();
-        assert!(left.contains(&view.screen_id) && left.contains(&new.screen_id));
-        assert_eq!(left.len(), 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn expiry_refuses_new_connections_and_is_swept() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let g = reg
-            .mint(c, ScreenMode::View, 5_000, 0, Epoch(0), None)
-            .unwrap();
-        let t = reg.authorize(g.screen_id, &g.token).unwrap();
-        assert_eq!(t.deadline, Instant::now() + Duration::from_secs(5));
-        tokio::time::advance(Duration::from_millis(4_999)).await;
-        assert!(reg.authorize(g.screen_id, &g.token).is_ok());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(
-            reg.authorize(g.screen_id, &g.token).unwrap_err(),
-            RegistryError::BadToken
-        );
-        assert_eq!(t.revoked_now(), Some(RevokeReason::Expired));
-        assert!(reg.list(c).is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_sweeper_tells_connections_of_expired_capabilities() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let g = reg
-            .mint(c, ScreenMode::View, 2_000, 0, Epoch(0), None)
-            .unwrap();
-        let mut t = reg.authorize(g.screen_id, &g.token).unwrap();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let sweeper = tokio::spawn({
-            let reg = reg.clone();
-            let stop = stop.clone();
-            async move { reg.sweep_every(Duration::from_millis(500), stop).await }
-        });
-        t.revoked.changed().await.unwrap();
-        assert_eq!(t.revoked_now(), Some(RevokeReason::Expired));
-        stop.cancel();
-        sweeper.await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_revocation_between_admission_and_mint_refuses_the_mint() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let before = reg.epoch(c);
-        reg.revoke_all(c, RevokeReason::Stopped);
-        assert_eq!(
-            reg.mint(c, ScreenMode::View, MINUTE, 0, before, None)
-                .unwrap_err(),
-            RegistryError::Raced
-        );
-        let before = reg.epoch(c);
-        reg.revoke_control_except(c, 9);
-        assert_eq!(
-            reg.mint(c, ScreenMode::Control, MINUTE, 8, before, None)
-                .unwrap_err(),
-            RegistryError::Raced
-        );
-        assert!(reg
-            .mint(c, ScreenMode::Control, MINUTE, 9, reg.epoch(c), None)
-            .is_ok());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn connections_per_capability_are_bounded() {
-        let reg = ScreenRegistry::new();
-        let g = reg
-            .mint(Uuid::new_v4(), ScreenMode::View, MINUTE, 0, Epoch(0), None)
-            .unwrap();
-        let tickets: Vec<Ticket> = (0..MAX_CONNECTIONS_PER_SCREEN)
-            .map(|_| reg.authorize(g.screen_id, &g.token).unwrap())
-            .collect();
-        assert_eq!(
-            reg.authorize(g.screen_id, &g.token).unwrap_err(),
-            RegistryError::TooManyConnections
-        );
-        drop(tickets);
-        assert!(reg.authorize(g.screen_id, &g.token).is_ok());
-    }
-
-    /// Two view capabilities of 32 connections each would fill the guest's
-    /// 64: view stops at 56, the lease holder's control still gets in, and
-    /// the desktop never carries more than 64.
-    #[tokio::test(start_paused = true)]
-    async fn connections_per_computer_match_the_guest_and_keep_room_for_control() {
-        let reg = ScreenRegistry::new();
-        let c = Uuid::new_v4();
-        let mint = |mode| reg.mint(c, mode, MINUTE, 0, Epoch(0), None).unwrap();
-        let (v1, v2, ctl) = (
-            mint(ScreenMode::View),
-            mint(ScreenMode::View),
-            mint(ScreenMode::Control),
-        );
-        let mut open: Vec<Ticket> = (0..MAX_CONNECTIONS_PER_SCREEN)
-            .map(|_| reg.authorize(v1.screen_id, &v1.token).unwrap())
-            .collect();
-        for _ in MAX_CONNECTIONS_PER_SCREEN..MAX_VIEW_CONNECTIONS {
-            open.push(reg.authorize(v2.screen_id, &v2.token).unwrap());
-        }
-        let refused = reg.authorize(v2.screen_id, &v2.token).unwrap_err();
-        assert_eq!(refused, RegistryError::ScreenFull(ScreenMode::View));
-        assert!(refused.to_string().len() <= 123, "fits a close reason");
-        for _ in 0..CONTROL_RESERVE {
-            open.push(reg.authorize(ctl.screen_id, &ctl.token).unwrap());
-        }
-        assert_eq!(open.len(), MAX_SCREEN_CONNECTIONS);
-        assert_eq!(
-            reg.authorize(ctl.screen_id, &ctl.token).unwrap_err(),
-            RegistryError::ScreenFull(ScreenMode::Control)
-        );
-        open.truncate(MAX_VIEW_CONNECTIONS - 1);
-        assert!(reg.authorize(v2.screen_id, &v2.token).is_ok(), "room again");
-    }
-}
+mod tests;

@@ -15,7 +15,7 @@ pub mod rfb;
 
 use std::sync::Arc;
 
-pub use dormouse_core::screen::{Refusal, RegistryError, ScreenHost, ScreenRegistry, Ticket};
+pub use dormouse_core::screen::{Mint, Refusal, RegistryError, ScreenHost, ScreenRegistry, Ticket};
 use tokio_util::sync::CancellationToken;
 
 pub use relay::{RelayEnd, RelayLimits};

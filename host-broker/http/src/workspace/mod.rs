@@ -19,6 +19,7 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use dormouse_protocol::activity::Happened;
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::workspace::{Compression, COMPRESSION_QUERY, WORKSPACE_TAR_QUERY};
 use futures_util::StreamExt as _;
@@ -109,10 +110,16 @@ pub async fn put_file(
             .into());
         }
         let cfg = grant.limits.files.clone();
+        let (path, actor) = (rel.to_string(), grant.actor.clone());
         let outcome = with_body(request, move |body| {
             write_file(&root(&grant)?, &rel, body, options, &cfg)
         })
         .await?;
+        let what = Happened::FileWrite {
+            path,
+            bytes: outcome.bytes,
+        };
+        state.broker.record_activity(id, actor, &what);
         let status = if outcome.created {
             StatusCode::CREATED
         } else {
@@ -144,7 +151,13 @@ pub async fn delete_file(
             .workspace(id, WorkspaceAccess::Write(fence))
             .await?;
         let cfg = grant.limits.files.clone();
+        let (path, actor) = (rel.to_string(), grant.actor.clone());
         let outcome = blocking(move || delete(&root(&grant)?, &rel, recursive, &cfg)).await?;
+        let what = Happened::FileDelete {
+            path,
+            removed: outcome.removed,
+        };
+        state.broker.record_activity(id, actor, &what);
         Ok(Json(outcome).into_response())
     })
     .await
@@ -203,6 +216,7 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
         let limits = grant.limits.import.clone();
         let quiesced = grant.quiesced;
         let hold = grant.hold.take();
+        let (broker, actor) = (state.broker.clone(), grant.actor.clone());
         let body = stream_from(move |w| {
             let result = export_archive(&root, w, compression, &limits);
             // The archive is read (or given up: a client that went away
@@ -211,6 +225,12 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
             match result {
                 Ok(summary) => {
                     tracing::info!(computer = %id, quiesced, compression = compression.name(), ?summary, "workspace exported");
+                    let entries = summary.files + summary.dirs + summary.symlinks + summary.hard_links;
+                    let what = Happened::Export {
+                        bytes: summary.bytes,
+                        entries,
+                    };
+                    broker.record_activity(id, actor, &what);
                     Ok(())
                 }
                 Err(e) => {
