@@ -213,7 +213,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ScreenshotQuery {
                 return Err(HttpError::bad_request(format!("{key} given twice")));
             }
         }
-        let last = match last.as_deref() {
+        let last = match last {
             None | Some("false") => false,
             Some("true") => true,
             Some(other) => {
