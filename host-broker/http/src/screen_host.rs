@@ -55,11 +55,9 @@ impl ScreenHost for OwnerScreenHost {
         generation: Option<u64>,
     ) -> BoxFuture<'_, Result<u64, Refusal>> {
         Box::pin(async move {
-            self.broker
-                .admit_guest(computer, generation, Purpose::Screen(mode))
+            self.admit_as(computer, mode, generation)
                 .await
-                .map(|ticket| ticket.generation)
-                .map_err(refusal)
+                .map(|(generation, _)| generation)
         })
     }
 
