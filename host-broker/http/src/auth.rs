@@ -17,7 +17,8 @@ use super::error::HttpError;
 use super::ApiState;
 use dormouse_core::secret::SecretDigest;
 
-/// Route that also accepts the token outside the `Authorization` header,
+/// Route that also accepts the token outside the `Authorization` header
+/// (as a query parameter or a subprotocol; the terminal, as a subprotocol),
 /// because a browser's `WebSocket` cannot set headers.
 pub const EVENTS_PATH: &str = "/v1/events";
 
@@ -78,15 +79,28 @@ pub async fn require_token(
     next: Next,
 ) -> Result<Response, HttpError> {
     let headers = request.headers();
+    let path = request.uri().path();
     let authorised = bearer_from_header(headers).is_some_and(|t| state.token.verify(t))
-        || (request.uri().path() == EVENTS_PATH
-            && (token_from_query(request.uri().query()).is_some_and(|t| state.token.verify(&t))
-                || token_from_subprotocol(headers).is_some_and(|t| state.token.verify(t))));
+        || (path == EVENTS_PATH
+            && token_from_query(request.uri().query()).is_some_and(|t| state.token.verify(&t)))
+        || (browser_socket(path)
+            && token_from_subprotocol(headers).is_some_and(|t| state.token.verify(t)));
     if authorised {
         Ok(next.run(request).await)
     } else {
         Err(HttpError::unauthorized())
     }
+}
+
+/// Whether `path` is a WebSocket a browser opens, which may carry the token
+/// as a subprotocol: `/v1/events` and a desktop's terminal
+/// (`/v1/computers/{id}/exec/ws`).
+fn browser_socket(path: &str) -> bool {
+    path == EVENTS_PATH
+        || path
+            .strip_prefix("/v1/computers/")
+            .and_then(|rest| rest.strip_suffix("/exec/ws"))
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// The token of `Authorization: Bearer <token>` (scheme case-insensitive).
@@ -164,6 +178,21 @@ mod tests {
         token.replace("new");
         assert!(token.verify("new"));
         assert!(!token.verify("abc123"));
+    }
+
+    #[test]
+    fn only_browser_sockets_take_the_token_as_a_subprotocol() {
+        assert!(browser_socket("/v1/events"));
+        assert!(browser_socket("/v1/computers/abc/exec/ws"));
+        for other in [
+            "/v1/computers",
+            "/v1/computers//exec/ws",
+            "/v1/computers/a/b/exec/ws",
+            "/v1/computers/abc/exec",
+            "/v1/computers/abc/files/exec/ws",
+        ] {
+            assert!(!browser_socket(other), "{other}");
+        }
     }
 
     #[test]

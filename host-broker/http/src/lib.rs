@@ -34,6 +34,7 @@ pub mod screen_routes;
 pub mod screen_state;
 pub mod screen_viewer;
 mod workspace;
+pub mod xterm;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,6 +80,8 @@ pub struct ApiState {
     pub screens: crate::screen::ScreenGateway,
     /// Where the panel's noVNC library is served from.
     pub novnc: crate::screen_viewer::NovncDir,
+    /// Where the panel's terminal library (xterm.js) is served from.
+    pub xterm: crate::xterm::XtermDir,
     /// The egress service, for its audit (none: the log reads empty).
     pub egress: Option<Arc<dormouse_egress::Egress>>,
     /// The broker's own listener, which the `/mcp` tools call with the
@@ -95,6 +98,7 @@ impl ApiState {
         Self {
             screens: screen_state::unwired(&broker),
             novnc: crate::screen_viewer::NovncDir(None),
+            xterm: crate::xterm::XtermDir::none(),
             broker,
             metrics,
             token,
@@ -185,6 +189,9 @@ impl Routes {
             .add(Public, Method::GET, "/", panel::index)
             .add(Public, Method::GET, "/panel/panel.css", panel::css)
             .add(Public, Method::GET, "/panel/panel.js", panel::js)
+            .add(Public, Method::GET, "/panel/dock.js", panel::dock_js)
+            .add(Public, Method::GET, crate::xterm::SCRIPT_PATH, crate::xterm::script)
+            .add(Public, Method::GET, crate::xterm::STYLE_PATH, crate::xterm::style)
             .add(Token, Method::GET, "/metrics", metrics)
             .add(Token, Method::GET, "/v1/openapi.json", openapi)
             .add(Token, Method::GET, "/v1/events", events::events)

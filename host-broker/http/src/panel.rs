@@ -1,4 +1,4 @@
-//! The web panel: three static files served at `/`, embedded in the binary.
+//! The web panel: four static files served at `/`, embedded in the binary.
 //!
 //! The panel uses only the public API (it is the reference frontend), so it
 //! holds no secret and needs no token to load; it asks the user for the token
@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 const INDEX_HTML: &str = include_str!("panel/index.html");
 const PANEL_CSS: &str = include_str!("panel/panel.css");
 const PANEL_JS: &str = include_str!("panel/panel.js");
+const DOCK_JS: &str = include_str!("panel/dock.js");
 
 /// Only our own script and style (the live screen's noVNC is served from
 /// here too, by [`crate::screen_viewer`]); screenshots arrive as `blob:`
@@ -48,4 +49,9 @@ pub async fn css() -> Response {
 /// `GET /panel/panel.js`.
 pub async fn js() -> Response {
     asset("text/javascript; charset=utf-8", PANEL_JS)
+}
+
+/// `GET /panel/dock.js`: the dock (files, terminal, clipboard, activity).
+pub async fn dock_js() -> Response {
+    asset("text/javascript; charset=utf-8", DOCK_JS)
 }

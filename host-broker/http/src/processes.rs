@@ -140,7 +140,7 @@ impl ExecOutputBudget {
     }
 }
 
-/// `GET /v1/computers/{id}/exec/ws[?rows=&cols=&argv=…&cwd=]`: a process on
+/// `GET /v1/computers/{id}/exec/ws[?rows=&cols=&argv=…&cwd=&generation=]`: a process on
 /// a pseudo-terminal (the desktop user's login shell unless `argv` items
 /// are given, one parameter each), carried over a WebSocket.
 pub async fn exec_ws(
@@ -150,14 +150,26 @@ pub async fn exec_ws(
     Query(query): Query<Vec<(String, String)>>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, HttpError> {
-    let open = terminal_request(&query)?;
+    let (open, in_query) = terminal_request(&query)?;
+    let fence = match (fence, in_query) {
+        (Some(_), Some(_)) => {
+            return Err(HttpError::bad_request(
+                "the generation was given both as a header and as a query parameter",
+            ))
+        }
+        (header, query) => header.or(query),
+    };
     let (_opened, pty, ticket) = state.broker.open_terminal(id, fence, open).await?;
     let shutdown = state.shutdown.clone();
     let revoked = ticket.revoked;
+    // A browser carries the token as a subprotocol and needs one chosen.
+    let ws = ws.protocols([crate::auth::EVENTS_SUBPROTOCOL]);
     Ok(ws.on_upgrade(move |socket| bridge(socket, pty, shutdown, revoked)))
 }
 
-fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
+/// The terminal's parameters, and the generation given as `generation=`
+/// (a browser's WebSocket cannot send the `Dormouse-Generation` header).
+fn terminal_request(query: &[(String, String)]) -> Result<(PtyOpen, Option<u64>), HttpError> {
     let size = |v: &str, what: &str| {
         v.parse::<u16>()
             .map_err(|_| HttpError::bad_request(format!("{what} must be a number")))
@@ -169,6 +181,7 @@ fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
         rows: DEFAULT_ROWS,
         cols: DEFAULT_COLS,
     };
+    let mut generation = None;
     for (key, value) in query {
         match key.as_str() {
             "rows" => open.rows = size(value, "rows")?,
@@ -178,12 +191,23 @@ fn terminal_request(query: &[(String, String)]) -> Result<PtyOpen, HttpError> {
             // The token may come as a query parameter (browsers cannot set
             // headers on a WebSocket); the auth layer checked it already.
             "token" => {}
+            "generation" if generation.is_none() => {
+                generation = Some(
+                    Some(value.as_str())
+                        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| {
+                            HttpError::bad_request("generation must be a non-negative integer")
+                        })?,
+                );
+            }
+            "generation" => return Err(HttpError::bad_request("generation was given twice")),
             _ => return Err(HttpError::bad_request("unknown query parameter")),
         }
     }
     open.validate()
         .map_err(|e| HttpError::bad_request(e.to_string()))?;
-    Ok(open)
+    Ok((open, generation))
 }
 
 /// Moves the terminal both ways until the session ends, the client leaves,

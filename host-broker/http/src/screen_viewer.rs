@@ -130,7 +130,7 @@ fn library_path(raw: &str) -> Option<PathBuf> {
 
 /// Reads `root/relative` if every step below `root` is a real directory and
 /// the file a regular file within bounds, opened without following a link.
-fn read_library_file(root: &Path, relative: &Path) -> Option<Vec<u8>> {
+pub(crate) fn read_library_file(root: &Path, relative: &Path) -> Option<Vec<u8>> {
     let mut at = root.to_path_buf();
     let mut components = relative.components().peekable();
     while let Some(c) = components.next() {

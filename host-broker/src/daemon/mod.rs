@@ -156,6 +156,10 @@ pub struct DaemonArgs {
     /// panel shows still screenshots.
     #[arg(long, value_name = "DIR", default_value = dormouse_http::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
+    /// Where Debian's node-xterm is installed (the panel's terminal); without
+    /// it the panel says the terminal is unavailable. Read on every request.
+    #[arg(long, value_name = "DIR", default_value = dormouse_http::xterm::DEFAULT_XTERM_DIR)]
+    pub xterm_dir: PathBuf,
     /// The egress mode of a desktop created without a policy: off, allowlist or open.
     #[arg(long, value_name = "MODE", default_value = "off")]
     pub egress_default: dormouse_protocol::egress_policy::EgressMode,
@@ -345,6 +349,10 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     state.egress = Some(egress.clone());
     let egress_task = crate::egress::spawn(state.broker.clone(), egress, shutdown.clone());
     screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
+    state.xterm = dormouse_http::xterm::XtermDir {
+        root: Some(args.xterm_dir.clone()),
+        ..Default::default()
+    };
     state.mcp = listener.loopback();
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),

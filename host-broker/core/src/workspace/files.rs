@@ -280,6 +280,44 @@ pub fn write_file(
     })
 }
 
+/// Makes the directory `rel` (0755, owned by [`FilesConfig::owner`]); with
+/// `parents`, the missing directories on the way too. An existing
+/// directory is no error (`created` false); a file, link or special file
+/// at `rel` is refused, and no link is ever followed.
+pub fn make_dir(
+    root: &WorkspaceRoot,
+    rel: &WorkspacePath,
+    parents: bool,
+    cfg: &FilesConfig,
+) -> Result<WriteOutcome, WorkspaceError> {
+    let (parent_rel, name) = rel.split_last().ok_or(PathError::Root)?;
+    let parent = if parents {
+        ensure_dirs(root, &parent_rel, cfg.owner)?
+    } else {
+        root.open_dir(&parent_rel)?
+    };
+    let existing =
+        lstat_at(parent.as_fd(), name).map_err(|e| WorkspaceError::io("stat", rel, e))?;
+    match existing.as_ref().map(entry_type) {
+        None | Some(EntryType::Dir) => {}
+        Some(EntryType::Symlink) => {
+            return Err(WorkspaceError::Symlink {
+                path: rel.to_string(),
+            })
+        }
+        Some(EntryType::File | EntryType::Other) => {
+            return Err(WorkspaceError::NotADirectory {
+                path: rel.to_string(),
+            })
+        }
+    }
+    ensure_dirs(root, rel, cfg.owner)?;
+    Ok(WriteOutcome {
+        bytes: 0,
+        created: existing.is_none(),
+    })
+}
+
 /// Where a write lands: its directory, its temp name and its final name.
 struct Target<'a> {
     parent: &'a OwnedFd,

@@ -42,7 +42,7 @@ pub use archive::{
 };
 pub use disk::{disk_usage, DiskUsage, DEFAULT_DISK_DEADLINE};
 pub use files::{
-    delete, list_dir, open, read_file, write_file, DeleteOutcome, DirEntry, EntryType, FileRead,
+    delete, list_dir, make_dir, open, read_file, write_file, DeleteOutcome, DirEntry, EntryType, FileRead,
     FilesConfig, Listing, Opened, WriteOptions, WriteOutcome,
 };
 pub use path::{PathError, Resolution, WorkspacePath, WorkspaceRoot};

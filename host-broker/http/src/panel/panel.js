@@ -43,6 +43,10 @@
   const asks = new Map();
   /** id -> live screen session (see openScreen) */
   const screens = new Map();
+  /** id -> { key, url, takenAt, loading, missing }: a stopped desktop's last screen */
+  const lastScreens = new Map();
+  /** The dock (dock.js): one desktop's files, terminal, clipboard, activity. */
+  let dock = null;
   /** noVNC's RFB class, once loaded. */
   let RFB = null;
   /** "unknown" | "loading" | "yes" | "no": can this panel show live screens? */
@@ -70,7 +74,11 @@
   async function api(method, path, body, extraHeaders) {
     const headers = Object.assign({ Authorization: "Bearer " + token }, extraHeaders || {});
     const init = { method, headers, cache: "no-store" };
-    if (body !== undefined) {
+    if (body instanceof Blob) {
+      // A file's bytes as they are (an upload).
+      headers["Content-Type"] = "application/octet-stream";
+      init.body = body;
+    } else if (body !== undefined) {
       headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
@@ -133,6 +141,8 @@
         remove(event.id);
       } else if (event.type === "egress" && event.entry) {
         egressDecided(event.entry);
+      } else if (event.type === "activity" && event.entry && dock) {
+        dock.activityEvent(event.id, event.entry);
       }
     };
     ws.onclose = () => {
@@ -196,6 +206,7 @@
     }
     if (status.ready) ensureScreen(status.id);
     if (!before) loadEgress(status.id);
+    if (!status.ready && status.container === "stopped") loadLastScreen(status);
     if (draw) render();
   }
 
@@ -206,7 +217,9 @@
     dropPreview(id);
     egress.delete(id);
     asks.delete(id);
+    dropLastScreen(id);
     closeScreen(id, false);
+    if (dock) dock.forget(id);
     if (draw) render();
   }
 
@@ -251,6 +264,39 @@
         loadPreview(id);
       }
     }
+  }
+
+  // ---- a stopped desktop's last screen ----------------------------------------
+
+  /** Fetches the screen the broker kept at `c`'s last stop, once per stop
+   *  (GET …/screenshot?last=true never starts the desktop). */
+  async function loadLastScreen(c) {
+    const key = c.stopped_at || "stopped";
+    const entry = lastScreens.get(c.id);
+    if (entry && (entry.key === key || entry.loading)) return;
+    const next = { key, url: entry ? entry.url : null, takenAt: entry ? entry.takenAt : null,
+      loading: true, missing: false };
+    lastScreens.set(c.id, next);
+    try {
+      const response = await api("GET", "/v1/computers/" + c.id + "/screenshot?last=true");
+      const blob = await response.blob();
+      if (lastScreens.get(c.id) !== next) return;
+      if (next.url) URL.revokeObjectURL(next.url);
+      next.url = URL.createObjectURL(blob);
+      next.takenAt = response.headers.get("Dormouse-Taken-At");
+    } catch (e) {
+      // 404: none was kept (a desktop never stopped by this broker).
+      if (lastScreens.get(c.id) === next) next.missing = e.status === 404;
+    } finally {
+      next.loading = false;
+      render();
+    }
+  }
+
+  function dropLastScreen(id) {
+    const entry = lastScreens.get(id);
+    if (entry && entry.url) URL.revokeObjectURL(entry.url);
+    lastScreens.delete(id);
   }
 
   // ---- web access (egress) -----------------------------------------------------
@@ -508,6 +554,10 @@
     s.rfb.resizeSession = false;
     s.rfb.focusOnClick = s.mode === "control";
     s.rfb.addEventListener("connect", () => waitForFirstFrame(s, target));
+    // The gateway gives only a control screen the desktop's clipboard.
+    s.rfb.addEventListener("clipboard", (ev) => {
+      if (s.mode === "control" && dock) dock.fromDesktop(s.id, ev.detail.text);
+    });
   }
 
   /** Shows the live canvas once it holds a drawn frame (or after a bound),
@@ -823,6 +873,7 @@
     for (const li of cards.values()) li.remove();
 
     $("no-desktops").hidden = ordered.length > 0;
+    if (dock) dock.draw();
     $("summary").textContent = ordered.length === 0 ? "" :
       ordered.length + (ordered.length === 1 ? " desktop" : " desktops") + " \u00b7 " + running + " running";
   }
@@ -836,6 +887,9 @@
     li.querySelector(".take-control").addEventListener("click", () => takeControl(id));
     li.querySelector(".release").addEventListener("click", () => release(id));
     li.querySelector(".retry").addEventListener("click", () => retryScreen(id));
+    for (const tab of ["files", "terminal", "clipboard", "activity"]) {
+      li.querySelector(".open-" + tab).addEventListener("click", () => dock.open(id, tab));
+    }
     return li;
   }
 
@@ -865,11 +919,21 @@
     // The live screen, once it has drawn a frame, replaces both.
     const screen = screens.get(c.id);
     const live = liveShown(c.id);
-    const showImage = Boolean(c.ready && preview && preview.url) && !live;
-    if (showImage && img.getAttribute("src") !== preview.url) img.src = preview.url;
+    const last = lastScreens.get(c.id);
+    const showLast = !c.ready && c.container === "stopped" && !starting.has(c.id) &&
+      Boolean(last && last.url);
+    const showImage = (Boolean(c.ready && preview && preview.url) && !live) || showLast;
+    const src = showLast ? last.url : preview && preview.url;
+    if (showImage && img.getAttribute("src") !== src) img.src = src;
     if (!showImage && !live) img.removeAttribute("src");
-    img.alt = "Screen of " + c.name;
+    img.dataset.last = String(showLast);
+    const takenAt = showLast && last.takenAt ? new Date(last.takenAt) : null;
+    img.alt = showLast ? "Last screen of " + c.name + " before it stopped (not live)" : "Screen of " + c.name;
     img.hidden = !showImage;
+    const note = q(".last-note");
+    note.hidden = !showLast;
+    note.textContent = showLast ? "Last screen" + (takenAt ? " · " + takenAt.toLocaleString() : "") +
+      " · not live" : "";
     empty.hidden = showImage || live;
     empty.textContent = emptyStateText(c, preview);
     const liveEl = q(".live");
@@ -942,6 +1006,8 @@
       ws.close();
     }
     for (const id of Array.from(previews.keys())) dropPreview(id);
+    for (const id of Array.from(lastScreens.keys())) dropLastScreen(id);
+    if (dock) dock.forget();
     egress.clear();
     asks.clear();
     computers.clear();
@@ -977,7 +1043,22 @@
     connect();
   }
 
+  /** The panel's control screen of `id` with its lease generation, if it
+   *  holds control now (the dock's terminal and clipboard need it). */
+  function control(id) {
+    const s = screens.get(id);
+    if (!s || s.mode !== "control" || s.done || !s.rfb || s.generation === null) return null;
+    return { generation: s.generation, rfb: s.rfb };
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
+    dock = window.DormouseDock.create({
+      api,
+      token: () => token,
+      computer: (id) => computers.get(id),
+      control,
+      takeControl,
+    });
     $("login-form").addEventListener("submit", (e) => {
       e.preventDefault();
       const value = $("token").value.trim();

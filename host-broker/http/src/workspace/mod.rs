@@ -36,7 +36,8 @@ use dormouse_core::error::BrokerError;
 use dormouse_core::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use dormouse_core::workspace::stream::Chunk;
 use dormouse_core::workspace::{
-    create_from_tar, delete, export_archive, export_check, open, write_file, ChannelReader, Opened,
+    create_from_tar, delete, export_archive, export_check, make_dir, open, write_file, ChannelReader,
+    Opened,
     WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use encoding::{accepted_encoding, check_upload_format};
@@ -76,6 +77,7 @@ pub async fn get_file(State(state): State<ApiState>, request: Request) -> Respon
 
 /// `PUT /v1/computers/{id}/files/{path}[?parents=true][&mode=0644]`: an
 /// atomic write of the body, owned by `desk`; 201 when it created the file.
+/// With `?dir=true` (and no body) it makes the directory instead.
 pub async fn put_file(
     State(state): State<ApiState>,
     Generation(fence): Generation,
@@ -84,9 +86,11 @@ pub async fn put_file(
     answer_upload(async move {
         let (id, rel, query) = target(&request)?;
         let mut options = WriteOptions::default();
+        let mut dir = false;
         for (key, value) in query {
             match key.as_str() {
                 "parents" => options.create_parents = flag("parents", &value)?,
+                "dir" => dir = flag("dir", &value)?,
                 "mode" => {
                     let mode = u32::from_str_radix(&value, 8)
                         .ok()
@@ -97,10 +101,28 @@ pub async fn put_file(
                 other => return Err(unknown_query(other)),
             }
         }
+        if dir && options.mode.is_some() {
+            return Err(HttpError::bad_request("mode applies to files, not to dir=true"));
+        }
         let grant = state
             .broker
             .workspace(id, WorkspaceAccess::Write(fence))
             .await?;
+        if dir {
+            axum::body::to_bytes(request.into_body(), 0)
+                .await
+                .map_err(|_| HttpError::bad_request("dir=true takes no body"))?;
+            let cfg = grant.limits.files.clone();
+            let (path, actor) = (rel.to_string(), grant.actor.clone());
+            let parents = options.create_parents;
+            let outcome = blocking(move || make_dir(&root(&grant)?, &rel, parents, &cfg)).await?;
+            if outcome.created {
+                state
+                    .broker
+                    .record_activity(id, actor, &Happened::Mkdir { path });
+            }
+            return Ok((created_or_ok(outcome.created), Json(outcome)).into_response());
+        }
         let cap = grant.limits.files.max_write_bytes;
         if declared_length(&request).is_some_and(|n| n > cap) {
             return Err(BrokerError::from(WorkspaceError::TooLarge {
@@ -120,14 +142,17 @@ pub async fn put_file(
             bytes: outcome.bytes,
         };
         state.broker.record_activity(id, actor, &what);
-        let status = if outcome.created {
-            StatusCode::CREATED
-        } else {
-            StatusCode::OK
-        };
-        Ok((status, Json(outcome)).into_response())
+        Ok((created_or_ok(outcome.created), Json(outcome)).into_response())
     })
     .await
+}
+
+fn created_or_ok(created: bool) -> StatusCode {
+    if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
 }
 
 /// `DELETE /v1/computers/{id}/files/{path}[?recursive=true]`: removes a
