@@ -20,6 +20,9 @@ checks:
     "Live"; Take control makes it say "Control", Release goes back to view,
     and stopping the desktop shows "Revoked because the desktop stopped".
 
+Then the dock (tests/browser/dock_test.py): files on the stopped desktop,
+the terminal, the clipboard and the activity list.
+
 `--url URL --token TOKEN` runs the same checks against a broker that is
 already running (its engine may be the scripted one of the router tests).
 
@@ -73,10 +76,12 @@ class Api:
         self.base = base.rstrip("/")
         self.token = token
 
-    def call(self, method, path, body=None, timeout=180):
+    def call(self, method, path, body=None, timeout=180, headers=None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Authorization", "Bearer " + self.token)
+        for key, value in (headers or {}).items():
+            req.add_header(key, value)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -647,6 +652,8 @@ def main():
     parser.add_argument("--url", help="a running broker (default: start one)")
     parser.add_argument("--token", help="its token (with --url)")
     parser.add_argument("--image", default=os.environ.get("DORMOUSE_TEST_IMAGE", "dormouse/desktop:latest"))
+    parser.add_argument("--dock-only", action="store_true",
+                        help="run only the dock's checks (dock_test.py) after preparing the desktop")
     parser.add_argument("--evidence", default=str(Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "panel-evidence"))
     args = parser.parse_args()
     evidence = Path(args.evidence)
@@ -674,14 +681,18 @@ def main():
         expected = {"idle": "Stopped because idle", "manual": "Stopped manually"}.get(
             stopped["stop_reason"], "Stopped")
         log(f"stopped with stop_reason {stopped['stop_reason']!r}; the panel must say {expected!r}")
-        run_browser(base, token, cid, expected, evidence, broker)
-        run_live_screen(base, token, cid, api, evidence)
-        if api.call("GET", f"/v1/computers/{cid}")["container"] != "running":
-            api.call("POST", f"/v1/computers/{cid}/start")
-            api.wait(cid, lambda s: s["ready"], "ready again")
-        run_viewer_fit(base, api, cid, evidence)
-        run_asks(base, token, cid, api, evidence)
-        run_polling_fallback(base, token, cid, api, evidence)
+        if not args.dock_only:
+            run_browser(base, token, cid, expected, evidence, broker)
+            run_live_screen(base, token, cid, api, evidence)
+            if api.call("GET", f"/v1/computers/{cid}")["container"] != "running":
+                api.call("POST", f"/v1/computers/{cid}/start")
+                api.wait(cid, lambda s: s["ready"], "ready again")
+            run_viewer_fit(base, api, cid, evidence)
+            run_asks(base, token, cid, api, evidence)
+            run_polling_fallback(base, token, cid, api, evidence)
+        from dock_test import run_dock
+
+        run_dock(base, token, cid, api, broker.data_dir if broker else None, evidence)
         log("PASSED")
         print("1 passed, 0 failed")
         return 0

@@ -119,6 +119,14 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
                 "-repeat".into(),
                 // Its banner of tips is noise in the log; `PORT=` still comes.
                 "-quiet".into(),
+                // The clipboard: x11vnc makes the window it owns selections
+                // with only once it guesses no display manager runs, 8 s
+                // after the last viewer connected, and probes and viewers
+                // keep connecting; until then a viewer's cut text is
+                // dropped. There is no display manager here: say so, and
+                // the window is made at once (docs/screens.md).
+                "-env".into(),
+                "X11VNC_AVOID_WINDOWS=never".into(),
             ],
         },
     ];

@@ -331,7 +331,9 @@
       if (!terminal || terminal.id !== id) return;
       const box = $("terminal");
       box.replaceChildren();
-      const term = new Terminal({ fontSize: 14, cursorBlink: true, scrollback: 2000 });
+      // screenReaderMode keeps the rows as text in the page too (for screen
+      // readers, and for anything else that reads the page).
+      const term = new Terminal({ fontSize: 14, cursorBlink: true, scrollback: 2000, screenReaderMode: true });
       term.open(box);
       terminal.term = term;
       const dims = fitTerminal();
