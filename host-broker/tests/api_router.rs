@@ -60,9 +60,13 @@ async fn every_route_but_healthz_and_panel_needs_the_token() {
             .expect("request");
         let answer = call(&h, anonymous).await;
         match route.access {
-            // The screen's RFB route takes only a screen token, and noVNC is
-            // not installed here: public, but not 200 without them.
-            Access::Public if uri.starts_with("/v1/screens/") || uri.starts_with("/novnc/") => {
+            // The screen's RFB route takes only a screen token, and noVNC and
+            // xterm.js are not installed here: public, but not 200 without them.
+            Access::Public
+                if uri.starts_with("/v1/screens/")
+                    || uri.starts_with("/novnc/")
+                    || uri.starts_with("/xterm/") =>
+            {
                 assert_ne!(answer.code(), "unauthorized", "{uri}");
             }
             Access::Public => assert_eq!(answer.status, StatusCode::OK, "{uri}"),

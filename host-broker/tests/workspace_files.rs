@@ -11,7 +11,8 @@ use std::io::Read;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
 use dormouse_broker::workspace::{
-    delete, list_dir, open, read_file, write_file, EntryType, ErrorClass, FilesConfig, Opened,
+    delete, list_dir, make_dir, open, read_file, write_file, EntryType, ErrorClass, FilesConfig,
+    Opened,
     Resolution, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use workspace_support::Rig;
@@ -276,6 +277,45 @@ fn a_recursive_delete_over_its_bound_removes_nothing() {
     );
     assert_eq!(err.class(), ErrorClass::TooLarge);
     assert_eq!(fs::read_dir(rig.path("many")).unwrap().count(), 50);
+}
+
+#[test]
+fn directories_are_made_owned_by_desk_and_never_through_a_link() {
+    for r in BOTH {
+        let rig = Rig::new();
+        rig.write("f.txt", b"a file");
+        fs::create_dir(rig.dir.path().join("outside")).unwrap();
+        symlink(rig.dir.path().join("outside"), rig.path("out")).unwrap();
+        let root = root(&rig, r);
+        let cfg = FilesConfig::default();
+
+        let made = make_dir(&root, &p("reports"), false, &cfg).unwrap();
+        assert_eq!((made.bytes, made.created), (0, true));
+        let meta = fs::metadata(rig.path("reports")).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (1000, 1000, 0o755));
+        let again = make_dir(&root, &p("reports"), false, &cfg).unwrap();
+        assert!(!again.created, "an existing directory is no error");
+
+        let missing = make_dir(&root, &p("a/b/c"), false, &cfg).unwrap_err();
+        assert_eq!(missing.class(), ErrorClass::NotFound, "{missing}");
+        assert!(make_dir(&root, &p("a/b/c"), true, &cfg).unwrap().created);
+        assert!(rig.path("a/b/c").is_dir());
+        assert_eq!(fs::metadata(rig.path("a/b")).unwrap().uid(), 1000);
+
+        let file = make_dir(&root, &p("f.txt"), false, &cfg).unwrap_err();
+        assert_eq!(file.class(), ErrorClass::BadRequest, "{file}");
+        assert_eq!(fs::read(rig.path("f.txt")).unwrap(), b"a file");
+        for through in ["out", "out/inside"] {
+            let err = make_dir(&root, &p(through), true, &cfg).unwrap_err();
+            assert_eq!(err.class(), ErrorClass::BadRequest, "{through}: {err}");
+        }
+        assert_eq!(
+            fs::read_dir(rig.dir.path().join("outside")).unwrap().count(),
+            0,
+            "nothing was made through the link"
+        );
+    }
 }
 
 #[test]

@@ -156,8 +156,7 @@ pub struct DaemonArgs {
     /// panel shows still screenshots.
     #[arg(long, value_name = "DIR", default_value = dormouse_http::screen_viewer::DEFAULT_NOVNC_DIR)]
     pub novnc_dir: PathBuf,
-    /// Where Debian's node-xterm is installed (the panel's terminal); without
-    /// it the panel says the terminal is unavailable. Read on every request.
+    /// Where Debian's node-xterm is installed (the panel's terminal).
     #[arg(long, value_name = "DIR", default_value = dormouse_http::xterm::DEFAULT_XTERM_DIR)]
     pub xterm_dir: PathBuf,
     /// The egress mode of a desktop created without a policy: off, allowlist or open.
@@ -348,11 +347,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     ));
     state.egress = Some(egress.clone());
     let egress_task = crate::egress::spawn(state.broker.clone(), egress, shutdown.clone());
-    screen_gateway::wire(&mut state, &args.novnc_dir, &shutdown);
-    state.xterm = dormouse_http::xterm::XtermDir {
-        root: Some(args.xterm_dir.clone()),
-        ..Default::default()
-    };
+    screen_gateway::wire(&mut state, &args.novnc_dir, &args.xterm_dir, &shutdown);
     state.mcp = listener.loopback();
     let socket_path = match &listener {
         ApiListener::Unix(_, path) => path.clone(),

@@ -1,6 +1,7 @@
 //! Wires the live screen into the daemon: the owner's [`OwnerScreenHost`]
-//! behind the gateway, the expiry sweep, and the noVNC directory (a missing
-//! one is read again on every request: installing noVNC later needs no restart).
+//! behind the gateway, the expiry sweep, and the noVNC and xterm.js
+//! directories (a missing one is read again on every request: installing
+//! the package later needs no restart).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,14 +12,15 @@ use tokio_util::sync::CancellationToken;
 use dormouse_http::screen::ScreenGateway;
 use dormouse_http::screen_host::OwnerScreenHost;
 use dormouse_http::screen_viewer::NovncDir;
+use dormouse_http::xterm::XtermDir;
 use dormouse_http::ApiState;
 
 /// How often expired capabilities are dropped (each connection also closes
 /// at its own deadline; this only frees their entries).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// Puts the real gateway and noVNC directory into `state`.
-pub fn wire(state: &mut ApiState, novnc: &Path, shutdown: &CancellationToken) {
+/// Puts the real gateway and the noVNC and xterm.js directories into `state`.
+pub fn wire(state: &mut ApiState, novnc: &Path, xterm: &Path, shutdown: &CancellationToken) {
     let host = OwnerScreenHost::new(state.broker.clone());
     let mut gateway = ScreenGateway::new(Arc::new(host), shutdown.clone());
     gateway.registry = state.broker.screens().clone();
@@ -27,6 +29,10 @@ pub fn wire(state: &mut ApiState, novnc: &Path, shutdown: &CancellationToken) {
     tokio::spawn(async move { registry.sweep_every(SWEEP_EVERY, stop).await });
     state.screens = gateway;
     state.novnc = novnc_dir(novnc);
+    state.xterm = XtermDir {
+        root: Some(PathBuf::from(xterm)),
+        ..XtermDir::default()
+    };
 }
 
 /// The directory is read on every request, so a noVNC installed after the
