@@ -29,7 +29,11 @@ DOCS_IMAGES = REPO / "docs" / "images"
 ACTIVITY_WITHIN_S = 1.0
 
 
-def save(driver, evidence, name):
+def save(driver, evidence, name, dock=True):
+    if dock:
+        # The dock whole in the picture, the card above it as far as fits.
+        driver.execute_script("document.getElementById('dock').scrollIntoView({block: 'end'})")
+        time.sleep(0.3)
     path = evidence / name
     driver.save_screenshot(str(path))
     DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
@@ -144,7 +148,7 @@ def run_dock(base, token, cid, api, data_dir, evidence):
         note = driver.find_element(By.CSS_SELECTOR, card + " .last-note").text
         assert "not live" in note, note
         log(f"dock: stopped card shows the last screen ({width} px wide): {note!r}")
-        save(driver, evidence, "panel-last-screen.png")
+        save(driver, evidence, "panel-last-screen.png", dock=False)
 
         # ---- files on a stopped desktop ----------------------------------------
         driver.find_element(By.CSS_SELECTOR, card + " button.open-files").click()
@@ -226,12 +230,18 @@ def run_dock(base, token, cid, api, data_dir, evidence):
         log(f"dock: xclip -o in the guest reads {read()!r}")
         copied = f"copied-in-the-desktop-{uuid.uuid4().hex[:8]}"
         guest(cid, "sh", "-c", f"printf %s {copied} | xclip -selection clipboard -i >/dev/null 2>&1 &")
+        copied_at = time.monotonic()
+        # x11vnc sends the desktop's clipboard only once it has gone 15 s
+        # without a new viewer (docs/screens.md): up to that, and a margin.
         wait_for(driver, lambda d: d.find_element(By.ID, "clipboard-text").get_attribute("value") == copied,
                  "the desktop's clipboard in the dock", timeout=45)
-        log("dock: text copied in the guest appeared in the dock")
+        log(f"dock: text copied in the guest appeared in the dock after {time.monotonic() - copied_at:.1f} s")
         save(driver, evidence, "panel-clipboard.png")
 
         # ---- activity, live ----------------------------------------------------------------
+        # The panel gives control back; an agent then acts through the API.
+        driver.find_element(By.CSS_SELECTOR, card + " button.release").click()
+        wait_for(driver, lambda d: screen_state(d).startswith("Live"), "view again after Release", timeout=30)
         driver.find_element(By.ID, "tab-activity").click()
         kinds = lambda d: [li.get_attribute("data-kind") for li in d.find_elements(By.CSS_SELECTOR, "#activity-list li")]
         wait_for(driver, lambda d: len(kinds(d)) > 0, "the activity list")
