@@ -12,8 +12,7 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
 use dormouse_broker::workspace::{
     delete, list_dir, make_dir, open, read_file, write_file, EntryType, ErrorClass, FilesConfig,
-    Opened,
-    Resolution, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    Opened, Resolution, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use workspace_support::Rig;
 
@@ -293,7 +292,10 @@ fn directories_are_made_owned_by_desk_and_never_through_a_link() {
         assert_eq!((made.bytes, made.created), (0, true));
         let meta = fs::metadata(rig.path("reports")).unwrap();
         assert!(meta.is_dir());
-        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (1000, 1000, 0o755));
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o777),
+            (1000, 1000, 0o755)
+        );
         let again = make_dir(&root, &p("reports"), false, &cfg).unwrap();
         assert!(!again.created, "an existing directory is no error");
 
@@ -311,7 +313,9 @@ fn directories_are_made_owned_by_desk_and_never_through_a_link() {
             assert_eq!(err.class(), ErrorClass::BadRequest, "{through}: {err}");
         }
         assert_eq!(
-            fs::read_dir(rig.dir.path().join("outside")).unwrap().count(),
+            fs::read_dir(rig.dir.path().join("outside"))
+                .unwrap()
+                .count(),
             0,
             "nothing was made through the link"
         );

@@ -34,6 +34,16 @@
 //!   bytes ([`crate::splice::relay`]). On [`EgressVerdict::Refused`] the guest answers
 //!   `403` with the reason (plain HTTP: a small HTML page saying the same),
 //!   on [`EgressVerdict::Failed`] `502`; the connection then closes.
+//! - **Hand-over.** A supervisor that can sets [`EgressOpen::hand_over`]. A
+//!   broker on the guest's socket itself (not a bridge, which cannot carry
+//!   a descriptor) may then answer [`EgressVerdict::HandOver`] instead of
+//!   `Connected`: the guest answers a `CONNECT` client with its `200`,
+//!   then sends the program's own TCP socket to the broker as one byte
+//!   with `SCM_RIGHTS` on the session, closes its copy, and keeps the
+//!   session open until the broker closes it. The broker relays that
+//!   socket and the upstream directly (one hop of `splice(2)` instead of
+//!   two and a unix socket), with the same caps, fences and audit; it
+//!   takes only a connected TCP socket, once.
 //! - The frame reader ([`crate::stream::read_frame`]) never reads past the
 //!   end of its frame, so the raw bytes after a verdict or an open frame
 //!   stay in the stream for the relay: no codec step is needed to switch.
@@ -124,6 +134,10 @@ pub struct EgressOpen {
     pub port: u16,
     /// How the guest program asked.
     pub form: EgressForm,
+    /// The supervisor can hand the program's socket over
+    /// ([`EgressVerdict::HandOver`]); absent from older supervisors.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hand_over: bool,
 }
 
 /// How the guest program asked for the connection.
@@ -176,6 +190,11 @@ pub enum EgressVerdict {
     /// is a raw byte pipe both ways.
     #[serde(rename = "egress_connected")]
     Connected,
+    /// Resolved, allowed and dialled, and relayed by the broker itself:
+    /// the guest sends its program's socket next (only after an
+    /// [`EgressOpen::hand_over`]).
+    #[serde(rename = "egress_hand_over")]
+    HandOver,
     /// The policy refuses it; the guest answers `403`.
     #[serde(rename = "egress_refused")]
     Refused {
@@ -192,13 +211,19 @@ pub enum EgressVerdict {
 }
 
 impl Message for EgressVerdict {
-    const KINDS: &'static [&'static str] = &["egress_connected", "egress_refused", "egress_failed"];
+    const KINDS: &'static [&'static str] = &[
+        "egress_connected",
+        "egress_hand_over",
+        "egress_refused",
+        "egress_failed",
+    ];
     fn payload_allowed(&self) -> bool {
         false
     }
     fn kind(&self) -> &'static str {
         match self {
             Self::Connected => "egress_connected",
+            Self::HandOver => "egress_hand_over",
             Self::Refused { .. } => "egress_refused",
             Self::Failed { .. } => "egress_failed",
         }

@@ -12,7 +12,7 @@ checks:
     fetch, and in the broker's access log);
   * the button was disabled with aria-busy="true" and the label "Starting..."
     while the container ran but the desktop was not ready;
-  * the screenshot preview replaced the empty state without a reload,
+  * the stopped card shows the last screen; the live preview replaces it without a reload,
     driven by the WebSocket;
   * screenshots of the panel in both states are saved (the path is printed);
   * when the broker serves the live screen (screen routes and noVNC), the
@@ -281,8 +281,13 @@ def run_browser(base, token, cid, expected_state, evidence, broker=None):
         assert state == expected_state, f"state before start: {state!r}, expected {expected_state!r}"
         empty = card.find_element(By.CSS_SELECTOR, ".empty-state")
         img = card.find_element(By.CSS_SELECTOR, "img.screenshot")
-        assert empty.is_displayed() and not img.is_displayed(), "a stopped desktop shows the empty state"
-        log(f"before start: state {state!r}, empty state {empty.text!r}")
+        # Stopped: the screen kept at its stop, marked not live (dock_test
+        # checks it closer), never the empty state's words over it.
+        wait_for(driver, lambda d: img.is_displayed() and img.get_attribute("data-last") == "true",
+                 "the stopped desktop's last screen", timeout=30)
+        assert not empty.is_displayed(), "the last screen replaces the empty state"
+        note = card.find_element(By.CSS_SELECTOR, ".last-note").text
+        log(f"before start: state {state!r}, last screen {note!r}")
         stopped_png = evidence / "panel-stopped.png"
         driver.save_screenshot(str(stopped_png))
 

@@ -169,6 +169,7 @@ async fn client_task(mut client: TcpStream, hub: Hub, permit: tokio::sync::Owned
         host: request.host,
         port: request.port,
         form: request.form,
+        hand_over: true,
     };
     let handoff = Handoff {
         client,

@@ -1,6 +1,7 @@
 //! One parked `egress_accept` connection's life: parked until a client is
 //! handed to it (or the broker leaves), then `egress_open`, the broker's
-//! verdict, the client's answer and the raw relay. It never parses a
+//! verdict, the client's answer and the raw relay, or the hand-over of the
+//! client's socket to the broker. It never parses a
 //! client's request (that is [`super::head`]'s) and never decides a policy.
 
 use std::time::Duration;
@@ -92,16 +93,25 @@ async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf
             tracing::debug!(id, %authority, %reason, "egress failed");
             answer(&mut client, 502, &reason, html).await;
         }
+        EgressVerdict::HandOver => {
+            if connect && !established(&mut client).await {
+                return;
+            }
+            let _ = client.set_nodelay(true);
+            if let Err(e) = hand_over(&client, wr).await {
+                tracing::debug!(id, %authority, error = %e, "egress hand-over failed");
+                return;
+            }
+            drop(client);
+            // The broker relays the program's socket now; the session (and
+            // the proxy's client permit) lasts until it closes it.
+            let mut rest = [0u8; 64];
+            while matches!(rd.read(&mut rest).await, Ok(n) if n > 0) {}
+            tracing::debug!(id, %authority, "egress handed over, closed");
+        }
         EgressVerdict::Connected => {
-            if connect {
-                let wrote = tokio::time::timeout(
-                    ANSWER_TIMEOUT,
-                    client.write_all(reply::CONNECT_ESTABLISHED),
-                )
-                .await;
-                if !matches!(wrote, Ok(Ok(()))) {
-                    return;
-                }
+            if connect && !established(&mut client).await {
+                return;
             }
             let _ = client.set_nodelay(true);
             let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -114,6 +124,50 @@ async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf
         }
     }
     drop(permit);
+}
+
+/// Answers a `CONNECT` client `200 Connection established`; false when it
+/// could not be told.
+async fn established(client: &mut TcpStream) -> bool {
+    let wrote =
+        tokio::time::timeout(ANSWER_TIMEOUT, client.write_all(reply::CONNECT_ESTABLISHED)).await;
+    matches!(wrote, Ok(Ok(())))
+}
+
+/// Sends the program's socket to the broker: one byte with `SCM_RIGHTS`
+/// on the session, within [`ANSWER_TIMEOUT`].
+async fn hand_over(client: &TcpStream, wr: &OwnedWriteHalf) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd as _;
+    let session = wr.as_ref();
+    let fds = [client.as_raw_fd()];
+    let send = async {
+        loop {
+            session.writable().await?;
+            let sent = session.try_io(tokio::io::Interest::WRITABLE, || {
+                let byte = [0u8; 1];
+                let iov = [std::io::IoSlice::new(&byte)];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                sendmsg::<()>(
+                    session.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(std::io::Error::from)
+            });
+            match sent {
+                Ok(1) => return Ok(()),
+                Ok(_) => return Err(std::io::Error::other("the hand-over byte was not sent")),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, send)
+        .await
+        .map_err(|_| std::io::Error::other("the hand-over timed out"))?
 }
 
 /// Writes the proxy's own answer and closes the client's connection.

@@ -255,3 +255,67 @@ async fn a_parked_connection_the_broker_closes_is_dropped() {
         .unwrap();
     assert!(client.await.unwrap().starts_with("HTTP/1.1 502 "));
 }
+
+#[tokio::test]
+async fn a_connect_client_is_answered_then_handed_over_as_its_own_socket() {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    let (addr, hub, _task) = proxy(8).await;
+    let mut broker = park(&hub);
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(b"CONNECT a.b:443 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let (open, _) = open_frame(&mut broker).await;
+    assert!(open.hand_over, "the supervisor offers its client's socket");
+    write_verdict(&mut broker, &EgressVerdict::HandOver, IO)
+        .await
+        .unwrap();
+    // One byte with one descriptor: the program's connection itself.
+    let (bytes, fds) = loop {
+        broker.readable().await.unwrap();
+        let got = broker.try_io(tokio::io::Interest::READABLE, || {
+            let mut byte = [0u8; 1];
+            let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+            let msg = recvmsg::<()>(
+                broker.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_DONTWAIT,
+            )
+            .map_err(std::io::Error::from)?;
+            let fds: Vec<_> = msg
+                .cmsgs()
+                .map_err(std::io::Error::from)?
+                .filter_map(|c| match c {
+                    ControlMessageOwned::ScmRights(fds) => Some(fds),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            Ok((msg.bytes, fds))
+        });
+        match got {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!((bytes, fds.len()), (1, 1));
+    // SAFETY: the descriptor was just received and is owned by nothing else.
+    let handed = unsafe { std::net::TcpStream::from_raw_fd(fds[0]) };
+    handed.set_nonblocking(true).unwrap();
+    let mut handed = TcpStream::from_std(handed).unwrap();
+    handed.write_all(b"straight from the broker").await.unwrap();
+    handed.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).await.unwrap();
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        "HTTP/1.1 200 Connection established\r\n\r\nstraight from the broker"
+    );
+    // The session stays until the broker ends it; then it is released.
+    assert_eq!(hub.parked(), 0);
+    drop(broker);
+}

@@ -72,6 +72,7 @@ impl GuestStream for EgressSession {
     async fn send_verdict(&mut self, verdict: Verdict) -> std::io::Result<()> {
         let verdict = match verdict {
             Verdict::Connected => EgressVerdict::Connected,
+            Verdict::HandOver => EgressVerdict::HandOver,
             Verdict::Refused(reason) => EgressVerdict::Refused { reason },
             Verdict::Failed(reason) => EgressVerdict::Failed { reason },
         };
@@ -79,6 +80,12 @@ impl GuestStream for EgressSession {
     }
     fn socket(&self) -> &tokio::net::UnixStream {
         EgressSession::socket(self)
+    }
+    fn can_hand_over(&self) -> bool {
+        EgressSession::can_hand_over(self)
+    }
+    async fn take_client(&mut self, within: Duration) -> std::io::Result<tokio::net::TcpStream> {
+        EgressSession::take_client(self, within).await
     }
 }
 

@@ -311,7 +311,10 @@ impl GuestSocket {
                 .map_err(|_| GuestError::Timeout(CONNECT_TIMEOUT, "connect"))??,
             None => self.dir.connect(self.name()?).await?,
         };
-        Ok(GuestConnection { stream })
+        Ok(GuestConnection {
+            stream,
+            direct: self.relay.is_none(),
+        })
     }
 
     /// One connection's worth of request: connect, send `request`, wait up
@@ -351,6 +354,9 @@ impl GuestSocket {
 #[derive(Debug)]
 pub struct GuestConnection {
     stream: UnixStream,
+    /// On the guest's socket itself, not through a [`GuestRelay`]: only
+    /// then can a descriptor cross (an egress hand-over).
+    direct: bool,
 }
 
 impl GuestConnection {

@@ -47,6 +47,9 @@ pub struct Open {
 pub enum Verdict {
     /// Connected: the stream is a byte pipe from now on.
     Connected,
+    /// Connected, and the guest hands its program's socket over next
+    /// (only when [`GuestStream::can_hand_over`]).
+    HandOver,
     /// Refused by the policy or a cap, with the reason line.
     Refused(String),
     /// Allowed but not reached, with the cause.
@@ -60,6 +63,20 @@ pub trait GuestStream: Send {
     fn send_verdict(&mut self, verdict: Verdict) -> impl Future<Output = io::Result<()>> + Send;
     /// The socket the bytes go through after [`Verdict::Connected`].
     fn socket(&self) -> &UnixStream;
+    /// Whether the guest offered its program's socket, on a channel that
+    /// can carry it.
+    fn can_hand_over(&self) -> bool {
+        false
+    }
+    /// After [`Verdict::HandOver`]: the guest program's socket, checked to
+    /// be a connected TCP socket, within `within`.
+    fn take_client(
+        &mut self,
+        within: std::time::Duration,
+    ) -> impl Future<Output = io::Result<TcpStream>> + Send {
+        let _ = within;
+        std::future::ready(Err(io::Error::other("this guest hands nothing over")))
+    }
 }
 
 /// The host as logged: escaped, capped.
@@ -105,7 +122,7 @@ pub async fn serve<G: GuestStream>(desk: Arc<Desk>, open: Open, mut guest: G) {
                     entry.decision = EgressDecision::Failed;
                     entry.reason = Some(r.clone());
                 }
-                Verdict::Connected => {}
+                Verdict::Connected | Verdict::HandOver => {}
             }
             desk.decided(&entry);
             // The guest may already be gone; the refusal is recorded either way.
@@ -211,8 +228,32 @@ async fn pipe<G: GuestStream>(
     if let Err(e) = upstream.set_nodelay(true) {
         tracing::debug!(error = %e, "no TCP_NODELAY on an egress connection");
     }
-    if guest.send_verdict(Verdict::Connected).await.is_err() {
+    // Handed over, the program's socket and the upstream are relayed here
+    // directly; otherwise the bytes go through the guest session.
+    let handed = guest.can_hand_over();
+    let verdict = if handed {
+        Verdict::HandOver
+    } else {
+        Verdict::Connected
+    };
+    if guest.send_verdict(verdict).await.is_err() {
         return (EgressEnd::Error, 0, 0);
+    }
+    let client = if handed {
+        match guest.take_client(desk.caps().connect_timeout).await {
+            Ok(client) => Some(client),
+            Err(e) => {
+                tracing::debug!(computer = %desk.computer(), error = %e, "no socket handed over");
+                return (EgressEnd::Error, 0, 0);
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(client) = &client {
+        if let Err(e) = client.set_nodelay(true) {
+            tracing::debug!(error = %e, "no TCP_NODELAY on a handed-over connection");
+        }
     }
     if !open.head.is_empty() {
         if upstream.write_all(&open.head).await.is_err() {
@@ -223,8 +264,15 @@ async fn pipe<G: GuestStream>(
             Ordering::Relaxed,
         );
     }
+    let through = guest.socket();
+    let relayed = async {
+        match &client {
+            Some(client) => splice::relay(client, &upstream, &up, &down).await,
+            None => splice::relay(through, &upstream, &up, &down).await,
+        }
+    };
     let end = tokio::select! {
-        r = splice::relay(guest.socket(), &upstream, &up, &down) => {
+        r = relayed => {
             if r.is_ok() { EgressEnd::Closed } else { EgressEnd::Error }
         }
         () = desk.fenced() => EgressEnd::Fenced,

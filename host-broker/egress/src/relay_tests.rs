@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use dormouse_protocol::egress_policy::EgressPolicy;
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, UnixStream};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -36,6 +37,8 @@ impl Hooks for Seen {
 struct FakeGuest {
     io: UnixStream,
     verdicts: Arc<Mutex<Vec<Verdict>>>,
+    /// A program's socket to hand over, when the guest offers one.
+    program: Option<TcpStream>,
 }
 
 impl GuestStream for FakeGuest {
@@ -46,6 +49,75 @@ impl GuestStream for FakeGuest {
     fn socket(&self) -> &UnixStream {
         &self.io
     }
+    fn can_hand_over(&self) -> bool {
+        self.program.is_some()
+    }
+    async fn take_client(&mut self, _within: Duration) -> io::Result<TcpStream> {
+        self.program
+            .take()
+            .ok_or_else(|| io::Error::other("nothing to hand over"))
+    }
+}
+
+/// A connected pair on loopback: (the program's end, the proxy's end).
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let program = TcpStream::connect(l.local_addr().expect("addr"))
+        .await
+        .expect("connect");
+    let (proxy, _) = l.accept().await.expect("accept");
+    (program, proxy)
+}
+
+#[tokio::test]
+async fn a_handed_over_socket_is_relayed_directly_counted_and_fenced() {
+    let port = echo_server().await;
+    let r = rig(
+        &format!(r#"{{"mode":"allowlist","allow":["127.0.0.1/32:{port}"]}}"#),
+        Caps::default(),
+    );
+    let (mut program, proxy) = tcp_pair().await;
+    let (mut session, theirs) = UnixStream::pair().expect("socket pair");
+    let verdicts = Arc::new(Mutex::new(Vec::new()));
+    let guest = FakeGuest {
+        io: theirs,
+        verdicts: verdicts.clone(),
+        program: Some(proxy),
+    };
+    let task = tokio::spawn(serve(Arc::clone(&r.desk), open("echo.test", port), guest));
+    program.write_all(b"direct").await.expect("write");
+    let mut buf = [0u8; 6];
+    program
+        .read_exact(&mut buf)
+        .await
+        .expect("echo through the broker");
+    assert_eq!(&buf, b"direct");
+    assert_eq!(
+        verdicts.lock().expect("lock").as_slice(),
+        &[Verdict::HandOver]
+    );
+    // The session carries no byte: the program's socket is relayed itself.
+    let mut none = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), session.read(&mut none))
+            .await
+            .is_err(),
+        "nothing goes through the session"
+    );
+    // A fence closes the program's connection, and the session.
+    r.fence.cancel();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), program.read_to_end(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    task.await.expect("task");
+    assert_eq!(
+        session.read(&mut none).await.expect("eof"),
+        0,
+        "the session ended"
+    );
+    let e = last(&r.desk);
+    assert_eq!((e.bytes_up, e.bytes_down, e.end), (6, 6, EgressEnd::Fenced));
+    assert_eq!(r.desk.limiter().open(), 0, "the slot came back");
 }
 
 async fn echo_server() -> u16 {
@@ -114,6 +186,7 @@ fn start(
     let guest = FakeGuest {
         io: theirs,
         verdicts: verdicts.clone(),
+        program: None,
     };
     let task = tokio::spawn(serve(Arc::clone(desk), o, guest));
     (ours, verdicts, task)

@@ -190,8 +190,18 @@ impl Routes {
             .add(Public, Method::GET, "/panel/panel.css", panel::css)
             .add(Public, Method::GET, "/panel/panel.js", panel::js)
             .add(Public, Method::GET, "/panel/dock.js", panel::dock_js)
-            .add(Public, Method::GET, crate::xterm::SCRIPT_PATH, crate::xterm::script)
-            .add(Public, Method::GET, crate::xterm::STYLE_PATH, crate::xterm::style)
+            .add(
+                Public,
+                Method::GET,
+                crate::xterm::SCRIPT_PATH,
+                crate::xterm::script,
+            )
+            .add(
+                Public,
+                Method::GET,
+                crate::xterm::STYLE_PATH,
+                crate::xterm::style,
+            )
             .add(Token, Method::GET, "/metrics", metrics)
             .add(Token, Method::GET, "/v1/openapi.json", openapi)
             .add(Token, Method::GET, "/v1/events", events::events)

@@ -186,12 +186,7 @@ fn bundle(dir: &XtermDir) -> Option<Vec<u8>> {
 
 /// Collects `(module id, source)` of every `.js` below `root/rel`, tests
 /// left out; `None` when a bound is passed or a file cannot be read.
-fn walk(
-    root: &Path,
-    rel: &Path,
-    depth: usize,
-    out: &mut Vec<(String, String)>,
-) -> Option<()> {
+fn walk(root: &Path, rel: &Path, depth: usize, out: &mut Vec<(String, String)>) -> Option<()> {
     if depth > MAX_DEPTH {
         return None;
     }
@@ -239,7 +234,8 @@ mod tests {
     use super::*;
 
     fn tree(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("dormouse-xterm-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("dormouse-xterm-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("lib/public")).unwrap();
         std::fs::create_dir_all(dir.join("lib/common")).unwrap();

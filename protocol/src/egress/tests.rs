@@ -9,6 +9,7 @@ fn open(host: &str, port: u16, form: EgressForm) -> EgressOpen {
         host: host.into(),
         port,
         form,
+        hand_over: false,
     }
 }
 

@@ -42,8 +42,8 @@ pub use archive::{
 };
 pub use disk::{disk_usage, DiskUsage, DEFAULT_DISK_DEADLINE};
 pub use files::{
-    delete, list_dir, make_dir, open, read_file, write_file, DeleteOutcome, DirEntry, EntryType, FileRead,
-    FilesConfig, Listing, Opened, WriteOptions, WriteOutcome,
+    delete, list_dir, make_dir, open, read_file, write_file, DeleteOutcome, DirEntry, EntryType,
+    FileRead, FilesConfig, Listing, Opened, WriteOptions, WriteOutcome,
 };
 pub use path::{PathError, Resolution, WorkspacePath, WorkspaceRoot};
 pub use stream::{ChannelReader, ChannelWriter};

@@ -36,9 +36,8 @@ use dormouse_core::error::BrokerError;
 use dormouse_core::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use dormouse_core::workspace::stream::Chunk;
 use dormouse_core::workspace::{
-    create_from_tar, delete, export_archive, export_check, make_dir, open, write_file, ChannelReader,
-    Opened,
-    WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
+    create_from_tar, delete, export_archive, export_check, make_dir, open, write_file,
+    ChannelReader, Opened, WorkspaceError, WorkspacePath, WorkspaceRoot, WriteOptions,
 };
 use encoding::{accepted_encoding, check_upload_format};
 
@@ -102,7 +101,9 @@ pub async fn put_file(
             }
         }
         if dir && options.mode.is_some() {
-            return Err(HttpError::bad_request("mode applies to files, not to dir=true"));
+            return Err(HttpError::bad_request(
+                "mode applies to files, not to dir=true",
+            ));
         }
         let grant = state
             .broker
