@@ -240,6 +240,17 @@ pub fn adopt_orphans() -> std::io::Result<bool> {
     Ok(false)
 }
 
+/// Makes the supervisor undumpable, so no process of the desktop (root
+/// included: the container has no `CAP_SYS_PTRACE`) can attach to it,
+/// read its memory or copy its descriptors (`ptrace`, `pidfd_getfd`,
+/// `/proc/1/fd`). An egress hand-over relies on it: the program's socket
+/// the supervisor sends to the broker is then held by the broker alone,
+/// so nobody in the guest can change that socket's flags under the
+/// broker (docs/network.md). Children are dumpable again once they exec.
+pub fn keep_descriptors_private() -> std::io::Result<()> {
+    nix::sys::prctl::set_dumpable(false).map_err(std::io::Error::from)
+}
+
 /// Keeps PID 1's resident memory small and flat (its target is 4 MiB): one
 /// malloc arena instead of one per blocking thread, and buffers of 64 KiB or
 /// more (screenshot strips, PNG output) in their own mappings, which go back

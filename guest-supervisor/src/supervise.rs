@@ -55,6 +55,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
     // Before any child exists: orphans must come to us, and no SIGCHLD may
     // go unseen.
     let is_pid1 = init::adopt_orphans()?;
+    init::keep_descriptors_private()?;
     let reaper = init::Reaper::install()?;
     tokio::spawn(reaper.run());
     let mut sigterm = signal(SignalKind::terminate())?;
