@@ -39,8 +39,8 @@
 //!   a descriptor) may then answer [`EgressVerdict::HandOver`] instead of
 //!   `Connected`: the guest answers a `CONNECT` client with its `200`,
 //!   then sends the program's own TCP socket to the broker as one byte
-//!   with `SCM_RIGHTS` on the session, closes its copy, and keeps the
-//!   session open until the broker closes it. The broker relays that
+//!   with `SCM_RIGHTS` on the session and closes its copy; the broker
+//!   closes the session once it holds the socket. The broker relays that
 //!   socket and the upstream directly (one hop of `splice(2)` instead of
 //!   two and a unix socket), with the same caps, fences and audit; it
 //!   takes only a connected TCP socket, once.

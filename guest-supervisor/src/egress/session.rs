@@ -103,8 +103,9 @@ async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf
                 return;
             }
             drop(client);
-            // The broker relays the program's socket now; the session (and
-            // the proxy's client permit) lasts until it closes it.
+            // The broker relays the program's socket now and closes the
+            // session once it holds it; the proxy's client permit goes
+            // back then.
             let mut rest = [0u8; 64];
             while matches!(rd.read(&mut rest).await, Ok(n) if n > 0) {}
             tracing::debug!(id, %authority, "egress handed over, closed");

@@ -239,22 +239,26 @@ async fn pipe<G: GuestStream>(
     if guest.send_verdict(verdict).await.is_err() {
         return (EgressEnd::Error, 0, 0);
     }
+    // Handed over, the session has done its work: closing it lets the
+    // guest forget the connection (the broker's own caps still hold it).
     let client = if handed {
-        match guest.take_client(desk.caps().connect_timeout).await {
-            Ok(client) => Some(client),
+        let taken = guest.take_client(desk.caps().connect_timeout).await;
+        drop(guest);
+        match taken {
+            Ok(client) => {
+                if let Err(e) = client.set_nodelay(true) {
+                    tracing::debug!(error = %e, "no TCP_NODELAY on a handed-over connection");
+                }
+                Side::Program(client)
+            }
             Err(e) => {
                 tracing::debug!(computer = %desk.computer(), error = %e, "no socket handed over");
                 return (EgressEnd::Error, 0, 0);
             }
         }
     } else {
-        None
+        Side::Session(guest)
     };
-    if let Some(client) = &client {
-        if let Err(e) = client.set_nodelay(true) {
-            tracing::debug!(error = %e, "no TCP_NODELAY on a handed-over connection");
-        }
-    }
     if !open.head.is_empty() {
         if upstream.write_all(&open.head).await.is_err() {
             return (EgressEnd::Error, 0, 0);
@@ -264,11 +268,16 @@ async fn pipe<G: GuestStream>(
             Ordering::Relaxed,
         );
     }
-    let through = guest.socket();
+    // Only the sockets go into the relay (a guest stream need not be Sync).
+    let (program, session) = match &client {
+        Side::Program(program) => (Some(program), None),
+        Side::Session(guest) => (None, Some(guest.socket())),
+    };
     let relayed = async {
-        match &client {
-            Some(client) => splice::relay(client, &upstream, &up, &down).await,
-            None => splice::relay(through, &upstream, &up, &down).await,
+        match (program, session) {
+            (Some(program), _) => splice::relay(program, &upstream, &up, &down).await,
+            (None, Some(session)) => splice::relay(session, &upstream, &up, &down).await,
+            (None, None) => Err(io::Error::other("nothing to relay")),
         }
     };
     let end = tokio::select! {
@@ -281,6 +290,14 @@ async fn pipe<G: GuestStream>(
     };
     let (u, d) = totals();
     (end, u, d)
+}
+
+/// The guest end of a connected connection.
+enum Side<G> {
+    /// The program's own socket, handed over.
+    Program(TcpStream),
+    /// The guest session, the bytes going through it.
+    Session(G),
 }
 
 /// Ends when a policy change denies the connection (or the desktop's
