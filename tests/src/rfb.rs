@@ -161,6 +161,11 @@ pub struct RfbViewer {
     /// xvp messages from the server (version, code), in the order
     /// [`Self::read_update`] met them.
     pub xvp: Vec<(u8, u8)>,
+    /// The text of every plain ServerCutText [`Self::read_update`] met.
+    pub cut_texts: Vec<Vec<u8>>,
+    /// How many extended-clipboard ServerCutText messages it met (a
+    /// provide's text also goes to [`Self::cut_texts`]).
+    pub extended_cut_texts: usize,
 }
 
 /// How to present the screen token.
@@ -220,6 +225,8 @@ impl RfbViewer {
             buf: Vec::new(),
             protocol,
             xvp: Vec::new(),
+            cut_texts: Vec::new(),
+            extended_cut_texts: 0,
         })
     }
 
@@ -295,9 +302,11 @@ impl RfbViewer {
     /// Reads server messages until a FramebufferUpdate and returns its
     /// rectangles: Raw at 32 bpp (pixels kept), ZRLE (its zlib data read
     /// past, not decoded) and pixel-less pseudo-encodings only: ask for
-    /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`. Bell and
-    /// cut-text messages in between are skipped, xvp ones kept in
-    /// [`Self::xvp`].
+    /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`; CopyRect,
+    /// Cursor, DesktopName and ExtendedDesktopSize are read past too. Bell
+    /// messages in between are skipped, cut-text ones kept in
+    /// [`Self::cut_texts`] (the extended form counted in
+    /// [`Self::extended_cut_texts`]), xvp ones in [`Self::xvp`].
     pub async fn read_update(&mut self) -> Result<Vec<Rect>> {
         loop {
             let kind = self.read_exact(1).await?[0];
@@ -325,6 +334,28 @@ impl RfbViewer {
                                 self.read_exact(usize::try_from(len)?).await?;
                                 (Vec::new(), 4 + usize::try_from(len)?)
                             }
+                            1 => (self.read_exact(4).await?, 4),
+                            // Cursor at 32 bpp: its pixels, then its mask.
+                            -239 => {
+                                let n = usize::from(w) * usize::from(h) * 4
+                                    + usize::from(w).div_ceil(8) * usize::from(h);
+                                self.read_exact(n).await?;
+                                (Vec::new(), n)
+                            }
+                            // DesktopName: a length and the name.
+                            -307 => {
+                                let len = self.read_exact(4).await?;
+                                let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                                ensure!(len <= 4096, "a desktop name of {len} bytes");
+                                self.read_exact(usize::try_from(len)?).await?;
+                                (Vec::new(), 4 + usize::try_from(len)?)
+                            }
+                            // ExtendedDesktopSize: a count, then 16 bytes a screen.
+                            -308 => {
+                                let n = usize::from(self.read_exact(4).await?[0]) * 16;
+                                self.read_exact(n).await?;
+                                (Vec::new(), 4 + n)
+                            }
                             e if e < 0 => (Vec::new(), 0),
                             e => bail!("encoding {e} not supported by this viewer"),
                         };
@@ -344,9 +375,17 @@ impl RfbViewer {
                 2 => {}
                 3 => {
                     let head = self.read_exact(7).await?;
-                    let len = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
-                    ensure!(len <= 1 << 20, "server cut text of {len} bytes");
-                    self.read_exact(usize::try_from(len)?).await?;
+                    let len = i32::from_be_bytes([head[3], head[4], head[5], head[6]]);
+                    ensure!(len.unsigned_abs() <= 1 << 20, "server cut text of {len} bytes");
+                    let text = self
+                        .read_exact(usize::try_from(len.unsigned_abs())?)
+                        .await?;
+                    if len < 0 {
+                        self.extended_cut_texts += 1;
+                        self.extended_clipboard(&text).await?;
+                    } else {
+                        self.cut_texts.push(text);
+                    }
                 }
                 // xvp: the server's answer to an xvp message (version,
                 // code), kept for the test to look at.
@@ -357,6 +396,49 @@ impl RfbViewer {
                 other => bail!("server message type {other} not supported by this viewer"),
             }
         }
+    }
+
+    /// Answers an extended-clipboard message as noVNC does: its own caps
+    /// to the server's, a request for the text to a notify; a provide's
+    /// text (zlib: a length and the text, NUL-terminated) goes to
+    /// [`Self::cut_texts`].
+    async fn extended_clipboard(&mut self, message: &[u8]) -> Result<()> {
+        const TEXT: u32 = 1;
+        const CAPS: u32 = 1 << 24;
+        const REQUEST: u32 = 1 << 25;
+        const NOTIFY: u32 = 1 << 27;
+        const PROVIDE: u32 = 1 << 28;
+        ensure!(message.len() >= 4, "an extended clipboard message of {message:?}");
+        let flags = u32::from_be_bytes([message[0], message[1], message[2], message[3]]);
+        let reply = |payload: Vec<u8>| {
+            let mut m = vec![6, 0, 0, 0];
+            m.extend_from_slice(&(-i32::try_from(payload.len()).unwrap_or(0)).to_be_bytes());
+            m.extend_from_slice(&payload);
+            m
+        };
+        if flags & CAPS != 0 {
+            let mut caps = (CAPS | REQUEST | NOTIFY | PROVIDE | TEXT).to_be_bytes().to_vec();
+            caps.extend_from_slice(&(1u32 << 20).to_be_bytes());
+            self.send(&reply(caps)).await?;
+        } else if flags & NOTIFY != 0 && flags & TEXT != 0 {
+            self.send(&reply((REQUEST | TEXT).to_be_bytes().to_vec()))
+                .await?;
+        } else if flags & PROVIDE != 0 && flags & TEXT != 0 {
+            use std::io::Read as _;
+            let mut data = Vec::new();
+            flate2::read::ZlibDecoder::new(&message[4..])
+                .take(2 << 20)
+                .read_to_end(&mut data)?;
+            ensure!(data.len() >= 4, "a provide of {} bytes", data.len());
+            let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+            let end = (4 + usize::try_from(len)?).min(data.len());
+            let mut text = data[4..end].to_vec();
+            if text.last() == Some(&0) {
+                text.pop();
+            }
+            self.cut_texts.push(text);
+        }
+        Ok(())
     }
 
     /// Waits (at most `within`) for the connection to end, skipping data.
