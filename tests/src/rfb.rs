@@ -166,6 +166,8 @@ pub struct RfbViewer {
     /// How many extended-clipboard ServerCutText messages it met (a
     /// provide's text also goes to [`Self::cut_texts`]).
     pub extended_cut_texts: usize,
+    /// The flags of each extended-clipboard message, in order.
+    pub extended_flags: Vec<u32>,
 }
 
 /// How to present the screen token.
@@ -227,6 +229,7 @@ impl RfbViewer {
             xvp: Vec::new(),
             cut_texts: Vec::new(),
             extended_cut_texts: 0,
+            extended_flags: Vec::new(),
         })
     }
 
@@ -410,6 +413,7 @@ impl RfbViewer {
         const PROVIDE: u32 = 1 << 28;
         ensure!(message.len() >= 4, "an extended clipboard message of {message:?}");
         let flags = u32::from_be_bytes([message[0], message[1], message[2], message[3]]);
+        self.extended_flags.push(flags);
         let reply = |payload: Vec<u8>| {
             let mut m = vec![6, 0, 0, 0];
             m.extend_from_slice(&(-i32::try_from(payload.len()).unwrap_or(0)).to_be_bytes());

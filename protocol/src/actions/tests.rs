@@ -565,3 +565,35 @@ fn clipboard_actions_parse_and_are_bounded() {
     // The worst-case answer fits one guest message, escaped six to one.
     assert!(6 * MAX_CLIPBOARD_BYTES * MAX_CLIPBOARD_GETS < crate::MAX_HEADER_LEN as usize / 2 * 2);
 }
+
+#[test]
+fn guest_clipboard_texts_come_from_the_payload_after_the_images() {
+    let shot = ActionResult {
+        image: Some(ActionImage {
+            media_type: "image/png".into(),
+            data: String::new(),
+        }),
+        size: Some([1, 1]),
+        ..ActionResult::ok(ActionName::Screenshot)
+    };
+    let answer = GuestActionResults {
+        results: vec![
+            ActionResult::ok(ActionName::ClipboardSet),
+            shot,
+            ActionResult::ok(ActionName::ClipboardGet),
+        ],
+        image_lens: vec![3],
+        text_lens: vec![5],
+    };
+    // Control characters survive: the payload is bytes, never tamed.
+    let api = answer.clone().into_api(b"PNGa\nb\x1b\xff").unwrap();
+    assert_eq!(api.results[1].image.as_ref().unwrap().data, base64(b"PNG"));
+    assert_eq!(api.results[2].text.as_deref(), Some("a\nb\u{1b}\u{fffd}"));
+    assert_eq!(api.results[0].text, None);
+    let json = serde_json::to_value(&api.results[2]).unwrap();
+    assert_eq!(json, json!({"action": "clipboard_get", "ok": true, "text": "a\nb\u{1b}\u{fffd}"}));
+    assert!(answer.clone().into_api(b"PNGa\nb\x1b").is_err(), "short");
+    let mut missing = answer;
+    missing.text_lens.clear();
+    assert!(missing.into_api(b"PNG").is_err(), "a text without its length");
+}
