@@ -379,7 +379,10 @@ impl RfbViewer {
                 3 => {
                     let head = self.read_exact(7).await?;
                     let len = i32::from_be_bytes([head[3], head[4], head[5], head[6]]);
-                    ensure!(len.unsigned_abs() <= 1 << 20, "server cut text of {len} bytes");
+                    ensure!(
+                        len.unsigned_abs() <= 1 << 20,
+                        "server cut text of {len} bytes"
+                    );
                     let text = self
                         .read_exact(usize::try_from(len.unsigned_abs())?)
                         .await?;
@@ -411,7 +414,10 @@ impl RfbViewer {
         const REQUEST: u32 = 1 << 25;
         const NOTIFY: u32 = 1 << 27;
         const PROVIDE: u32 = 1 << 28;
-        ensure!(message.len() >= 4, "an extended clipboard message of {message:?}");
+        ensure!(
+            message.len() >= 4,
+            "an extended clipboard message of {message:?}"
+        );
         let flags = u32::from_be_bytes([message[0], message[1], message[2], message[3]]);
         self.extended_flags.push(flags);
         let reply = |payload: Vec<u8>| {
@@ -421,7 +427,9 @@ impl RfbViewer {
             m
         };
         if flags & CAPS != 0 {
-            let mut caps = (CAPS | REQUEST | NOTIFY | PROVIDE | TEXT).to_be_bytes().to_vec();
+            let mut caps = (CAPS | REQUEST | NOTIFY | PROVIDE | TEXT)
+                .to_be_bytes()
+                .to_vec();
             caps.extend_from_slice(&(1u32 << 20).to_be_bytes());
             self.send(&reply(caps)).await?;
         } else if flags & NOTIFY != 0 && flags & TEXT != 0 {

@@ -16,19 +16,19 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use dormouse_e2e::broker::{with_broker, BrokerProcess};
 use dormouse_e2e::client::{create_ready, ApiClient, EventStream};
-use serde_json::{json, Value};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::rfb::{
     cut_text, set_encodings, set_pixel_format_bgrx, update_request, RfbViewer, TokenIn,
 };
 use dormouse_protocol::screen::{CreateScreen, ScreenGrant, ScreenMode};
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const WIDTH: u16 = 1280;
 const HEIGHT: u16 = 800;
 /// The extended-clipboard pseudo-encoding.
-const EXTENDED_CLIPBOARD: i32 = 0xC0A1_E5CE_u32 as i32;
+const EXTENDED_CLIPBOARD: i32 = i32::from_be_bytes(0xC0A1_E5CE_u32.to_be_bytes());
 /// What noVNC asks for, and more: Tight (7), Hextile (5), RRE (2), ZRLE
 /// (16), Raw, CopyRect, quality and compression levels, DesktopSize,
 /// LastRect, Cursor, QEMU keys, ExtendedDesktopSize, xvp, fences,
@@ -71,7 +71,11 @@ async fn mint(api: &ApiClient, id: Uuid, mode: ScreenMode) -> Result<ScreenGrant
 
 /// A viewer past the handshake, 32-bpp pixels, asking for `encodings` and
 /// the whole screen.
-async fn viewer(broker: &BrokerProcess, grant: &ScreenGrant, encodings: &[i32]) -> Result<RfbViewer> {
+async fn viewer(
+    broker: &BrokerProcess,
+    grant: &ScreenGrant,
+    encodings: &[i32],
+) -> Result<RfbViewer> {
     let url = format!("ws://{}{}", broker.addr(), grant.websocket);
     let mut v = RfbViewer::connect(&url, &grant.token, TokenIn::Subprotocol).await?;
     let init = v.handshake().await?;
@@ -96,13 +100,12 @@ async fn watch(
         let Some(left) = until.checked_duration_since(Instant::now()) else {
             break;
         };
-        match tokio::time::timeout(left.min(Duration::from_millis(500)), v.read_update()).await {
-            Ok(rects) => {
-                rects?;
-                updates += 1;
-                v.send(&update_request(true, 0, 0, WIDTH, HEIGHT)).await?;
-            }
-            Err(_) => {}
+        if let Ok(rects) =
+            tokio::time::timeout(left.min(Duration::from_millis(500)), v.read_update()).await
+        {
+            rects?;
+            updates += 1;
+            v.send(&update_request(true, 0, 0, WIDTH, HEIGHT)).await?;
         }
         if Instant::now() >= full_at {
             v.send(&update_request(false, 0, 0, WIDTH, HEIGHT)).await?;
@@ -113,7 +116,9 @@ async fn watch(
 }
 
 fn has(v: &RfbViewer, text: &[u8]) -> bool {
-    v.cut_texts.iter().any(|t| t.windows(text.len()).any(|w| w == text))
+    v.cut_texts
+        .iter()
+        .any(|t| t.windows(text.len()).any(|w| w == text))
 }
 
 async fn clipboard(guest: &Guest) -> Result<String> {
@@ -177,26 +182,55 @@ async fn clipboard_actions(api: &ApiClient, id: Uuid, guest: &Guest) -> Result<(
         results.len() == 2 && results.iter().all(|r| r["ok"] == true),
         "{results:?}"
     );
-    ensure!(results[1]["text"] == text, "clipboard_get answered {:?}", results[1]);
+    ensure!(
+        results[1]["text"] == text,
+        "clipboard_get answered {:?}",
+        results[1]
+    );
     let seen = clipboard(guest).await?;
     ensure!(seen == text, "xclip -o in the guest reads {seen:?}");
     let primary = guest
         .sh(GuestUser::Desk, "timeout 5 xclip -o -selection primary")
         .await?;
-    ensure!(String::from_utf8_lossy(&primary.stdout) == text, "PRIMARY: {primary:?}");
-    eprintln!("clipboard_set then clipboard_get: {} bytes round trip, xclip agrees", text.len());
+    ensure!(
+        String::from_utf8_lossy(&primary.stdout) == text,
+        "PRIMARY: {primary:?}"
+    );
+    eprintln!(
+        "clipboard_set then clipboard_get: {} bytes round trip, xclip agrees",
+        text.len()
+    );
     for i in 0..5 {
-        let r = actions(api, id, json!({"actions": [{"action": "clipboard_set", "text": format!("again-{i}")}]})).await?;
+        let r = actions(
+            api,
+            id,
+            json!({"actions": [{"action": "clipboard_set", "text": format!("again-{i}")}]}),
+        )
+        .await?;
         ensure!(r[0]["ok"] == true, "{r:?}");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let owners = guest.sh(GuestUser::Root, "pgrep -c -x xclip || true").await?;
-    let owners: usize = String::from_utf8_lossy(&owners.stdout).trim().parse().unwrap_or(99);
-    ensure!(owners <= 2, "{owners} xclip processes after 6 sets (one owner per selection)");
-    ensure!(clipboard(guest).await? == "again-4", "the last set owns the clipboard");
+    let owners = guest
+        .sh(GuestUser::Root, "pgrep -c -x xclip || true")
+        .await?;
+    let owners: usize = String::from_utf8_lossy(&owners.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(99);
+    ensure!(
+        owners <= 2,
+        "{owners} xclip processes after 6 sets (one owner per selection)"
+    );
+    ensure!(
+        clipboard(guest).await? == "again-4",
+        "the last set owns the clipboard"
+    );
     eprintln!("6 sets leave {owners} xclip processes");
     let page = serde_json::to_string(&api.activity(id, 50).await?)?;
-    ensure!(page.contains("clipboard_set"), "activity names the action: {page}");
+    ensure!(
+        page.contains("clipboard_set"),
+        "activity names the action: {page}"
+    );
     ensure!(
         !page.contains("clip-77") && !page.contains("again-4"),
         "activity carries clipboard text: {page}"
@@ -225,7 +259,12 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let mut control_list = vec![16];
     control_list.extend(MANY.iter().filter(|e| **e != 16));
     let mut control = viewer(broker, &control_grant, &control_list).await?;
-    watch(&mut control, Instant::now() + Duration::from_secs(1), |_| false).await?;
+    watch(
+        &mut control,
+        Instant::now() + Duration::from_secs(1),
+        |_| false,
+    )
+    .await?;
 
     // The view connection is read and parsed from now until 2.5 s after
     // control received the secret.
@@ -244,14 +283,20 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let warm = "warm-up-copy";
     let copied = Instant::now();
     set_clipboard(&guest, warm).await?;
-    watch(&mut control, copied + Duration::from_secs(40), |v| has(v, warm.as_bytes())).await?;
+    watch(&mut control, copied + Duration::from_secs(40), |v| {
+        has(v, warm.as_bytes())
+    })
+    .await?;
     ensure!(
         has(&control, warm.as_bytes()),
         "control received no ServerCutText with {warm:?} in 40 s ({} cut texts, extended flags {:x?})",
         control.cut_texts.len(),
         control.extended_flags
     );
-    eprintln!("x11vnc sent its first selection {:?} after the copy", copied.elapsed());
+    eprintln!(
+        "x11vnc sent its first selection {:?} after the copy",
+        copied.elapsed()
+    );
 
     // The desktop copies: control receives it within 10 s, view never does.
     let secret = "secret-123";
@@ -293,15 +338,23 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     eprintln!("control's ClientCutText owned the desktop's clipboard in {took:?}");
     view.send(&cut_text(b"pasted-from-view-13")).await?;
     // The view connection stays up and keeps its updates coming meanwhile.
-    let more = watch(&mut view, Instant::now() + Duration::from_secs(2), |_| false).await?;
+    let more = watch(&mut view, Instant::now() + Duration::from_secs(2), |_| {
+        false
+    })
+    .await?;
     let now = clipboard(&guest).await?;
-    ensure!(now == pasted, "view's ClientCutText changed the clipboard to {now:?}");
+    ensure!(
+        now == pasted,
+        "view's ClientCutText changed the clipboard to {now:?}"
+    );
     ensure!(
         view.cut_texts.is_empty() && view.extended_cut_texts == 0,
         "view received the clipboard after the paste: {:?}",
         view.cut_texts
     );
-    eprintln!("view's ClientCutText dropped ({more} updates meanwhile); the clipboard stayed {now:?}");
+    eprintln!(
+        "view's ClientCutText dropped ({more} updates meanwhile); the clipboard stayed {now:?}"
+    );
     view.close().await;
     control.close().await;
     Ok(())

@@ -168,9 +168,14 @@ pub async fn execute(
     let probe_timeout = Duration::from_millis(config.probe_timeout_ms);
     let desktop = config.clone();
     x_client::with_display(config, bound, move |conn, screen| {
-        Ok(run_batch(conn, screen, &batch, options, Some(&desktop), &|| {
-            acquire_capture_slot(&runtime, probe_timeout)
-        }))
+        Ok(run_batch(
+            conn,
+            screen,
+            &batch,
+            options,
+            Some(&desktop),
+            &|| acquire_capture_slot(&runtime, probe_timeout),
+        ))
     })
     .await?
 }
@@ -473,9 +478,10 @@ impl Runner<'_> {
 
     /// The desktop's configuration, which the clipboard actions need.
     fn desktop(&self) -> Result<&Config, ActionError> {
-        self.desktop.ok_or(ActionError::Clipboard(ClipboardError::Failed(
-            "no desktop configuration".into(),
-        )))
+        self.desktop
+            .ok_or(ActionError::Clipboard(ClipboardError::Failed(
+                "no desktop configuration".into(),
+            )))
     }
 
     /// One round trip: the server has processed everything sent; an error

@@ -64,7 +64,9 @@ pub struct ClipboardSetArgs {
 }
 
 /// The one result of a one-action batch, or its failure as a tool error.
-fn only_result(results: ActionResults) -> Result<dormouse_protocol::actions::ActionResult, ToolError> {
+fn only_result(
+    results: ActionResults,
+) -> Result<dormouse_protocol::actions::ActionResult, ToolError> {
     let Some(result) = results.results.into_iter().next() else {
         return Err(ToolError::Invalid("the desktop answered no result".into()));
     };

@@ -552,8 +552,10 @@ fn clipboard_actions_parse_and_are_bounded() {
         Err(BatchError::TooMuchText(4 * MAX_CLIPBOARD_BYTES))
     );
     assert!(
-        serde_json::from_value::<ActionBatch>(json!({"actions": [{"action": "clipboard_get", "text": "x"}]}))
-            .is_err(),
+        serde_json::from_value::<ActionBatch>(
+            json!({"actions": [{"action": "clipboard_get", "text": "x"}]})
+        )
+        .is_err(),
         "clipboard_get takes no field"
     );
     // Each clipboard action is granted its xclip time in the shared bound.
@@ -591,9 +593,15 @@ fn guest_clipboard_texts_come_from_the_payload_after_the_images() {
     assert_eq!(api.results[2].text.as_deref(), Some("a\nb\u{1b}\u{fffd}"));
     assert_eq!(api.results[0].text, None);
     let json = serde_json::to_value(&api.results[2]).unwrap();
-    assert_eq!(json, json!({"action": "clipboard_get", "ok": true, "text": "a\nb\u{1b}\u{fffd}"}));
+    assert_eq!(
+        json,
+        json!({"action": "clipboard_get", "ok": true, "text": "a\nb\u{1b}\u{fffd}"})
+    );
     assert!(answer.clone().into_api(b"PNGa\nb\x1b").is_err(), "short");
     let mut missing = answer;
     missing.text_lens.clear();
-    assert!(missing.into_api(b"PNG").is_err(), "a text without its length");
+    assert!(
+        missing.into_api(b"PNG").is_err(),
+        "a text without its length"
+    );
 }

@@ -163,11 +163,20 @@ pub async fn relay(
     let mut up_stats = RelayStats::default();
     let filter = RfbFilter::new(session.mode);
     // View: the desktop's side is framed, its clipboard cut out.
-    let mut server = (session.mode == ScreenMode::View)
-        .then(|| RfbServerFilter::new(filter.negotiated()));
+    let mut server =
+        (session.mode == ScreenMode::View).then(|| RfbServerFilter::new(filter.negotiated()));
     let end = {
         let up = pin!(upstream(ws_rx, vnc_wr, filter, &mut up_stats));
-        downstream(&mut ws_tx, vnc_rd, &mut session, limits, up, &mut server, &mut stats).await
+        downstream(
+            &mut ws_tx,
+            vnc_rd,
+            &mut session,
+            limits,
+            up,
+            &mut server,
+            &mut stats,
+        )
+        .await
     };
     stats.dropped_cut_text = server.as_ref().map_or(0, RfbServerFilter::dropped_cut_text);
     stats.to_desktop = up_stats.to_desktop;

@@ -102,9 +102,14 @@ enum Stage {
     ServerInit,
     Message,
     /// A rectangle header (12 bytes), `left` counting this one.
-    Rect { left: u16 },
+    Rect {
+        left: u16,
+    },
     /// A 4-byte field of the rectangle just read.
-    Field { field: Field, left: u16 },
+    Field {
+        field: Field,
+        left: u16,
+    },
     /// Payload bytes to pass (forward or drop).
     Stream {
         left: u64,
@@ -263,7 +268,8 @@ impl RfbServerFilter {
         let mut forward = true;
         self.stage = match self.stage {
             Stage::Version => {
-                self.server_minor = parse_version(&p).map_err(|_| RfbServerViolation::BadVersion)?;
+                self.server_minor =
+                    parse_version(&p).map_err(|_| RfbServerViolation::BadVersion)?;
                 Stage::Security
             }
             Stage::Security => match self.minor()? {
@@ -283,16 +289,22 @@ impl RfbServerFilter {
                 1 => Stage::FailureLength,
                 other => return Err(RfbServerViolation::BadSecurity(other)),
             },
-            Stage::FailureLength => {
-                self.stream(u64::from(bounded(u32_at(0), MAX_REASON)?), true, After::Closed)
-            }
+            Stage::FailureLength => self.stream(
+                u64::from(bounded(u32_at(0), MAX_REASON)?),
+                true,
+                After::Closed,
+            ),
             Stage::ServerInit => {
                 let bits = p[4];
                 if !matches!(bits, 8 | 16 | 32) {
                     return Err(RfbServerViolation::BadPixelFormat(bits));
                 }
                 self.init_bits_per_pixel = bits;
-                self.stream(u64::from(bounded(u32_at(20), MAX_NAME)?), true, After::Message)
+                self.stream(
+                    u64::from(bounded(u32_at(20), MAX_NAME)?),
+                    true,
+                    After::Message,
+                )
             }
             Stage::Message => match p[0] {
                 0 => {

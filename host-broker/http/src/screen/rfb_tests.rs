@@ -290,8 +290,26 @@ fn view_drops_clipboard_text_streamed_in_pieces() {
 fn view_set_encodings_keep_only_what_the_server_side_frames() {
     // noVNC 1.3's list, plus ZRLE and the extended clipboard.
     let novnc = [
-        1, 7, -260, 5, 2, 16, 0, -26, -250, -223, -224, -258, -308, -309, -312, -313, -307,
-        0xC0A1_E5CEu32 as i32, 0x574d_5664, -239,
+        1,
+        7,
+        -260,
+        5,
+        2,
+        16,
+        0,
+        -26,
+        -250,
+        -223,
+        -224,
+        -258,
+        -308,
+        -309,
+        -312,
+        -313,
+        -307,
+        i32::from_be_bytes(0xC0A1_E5CE_u32.to_be_bytes()),
+        0x574d_5664,
+        -239,
     ];
     let kept = [1, 16, 0, -223, -224, -258, -308, -312, -313, -307, -239];
     let mut s = handshake();
@@ -303,12 +321,20 @@ fn view_set_encodings_keep_only_what_the_server_side_frames() {
     control.extend_from_slice(&set_encodings(&novnc));
     for cut in 0..=s.len() {
         let (a, b) = s.split_at(cut);
-        assert_eq!(run(ScreenMode::View, &[a, b]).unwrap(), want, "cut at {cut}");
+        assert_eq!(
+            run(ScreenMode::View, &[a, b]).unwrap(),
+            want,
+            "cut at {cut}"
+        );
         assert_eq!(run(ScreenMode::Control, &[a, b]).unwrap(), control);
     }
     // Nothing frameable asked for: an empty list (the server sends Raw).
     let mut s = handshake();
-    s.extend_from_slice(&set_encodings(&[7, 5, 0xC0A1_E5CEu32 as i32]));
+    s.extend_from_slice(&set_encodings(&[
+        7,
+        5,
+        i32::from_be_bytes(0xC0A1_E5CE_u32.to_be_bytes()),
+    ]));
     let out = run(ScreenMode::View, &[&s]).unwrap();
     assert_eq!(&out[14..], &set_encodings(&[])[..]);
 }
