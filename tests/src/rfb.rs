@@ -522,6 +522,17 @@ impl FakeVncServer {
     /// Raw FramebufferUpdate of the whole 64x48 screen (12 KiB) that often,
     /// whether it asked or not (as continuous updates would).
     pub fn start(path: &Path, stream_every: Option<Duration>) -> Result<Self> {
+        Self::start_saying(path, stream_every, Vec::new())
+    }
+
+    /// [`Self::start`], each connection also sent `said` once right after
+    /// its ServerInit (server messages the test wants a viewer to meet).
+    pub fn start_saying(
+        path: &Path,
+        stream_every: Option<Duration>,
+        said: Vec<u8>,
+    ) -> Result<Self> {
+        let said = Arc::new(said);
         let listener = UnixListener::bind(path)?;
         let connections: Arc<Mutex<Vec<Arc<Mutex<FakeConnection>>>>> = Arc::default();
         let all = connections.clone();
@@ -529,7 +540,7 @@ impl FakeVncServer {
             while let Ok((stream, _)) = listener.accept().await {
                 let conn = Arc::new(Mutex::new(FakeConnection::default()));
                 all.lock().unwrap().push(conn.clone());
-                tokio::spawn(serve(stream, conn, stream_every));
+                tokio::spawn(serve(stream, conn, stream_every, said.clone()));
             }
         });
         Ok(Self {
@@ -600,7 +611,12 @@ pub fn fake_update(shade: u8) -> Vec<u8> {
     v
 }
 
-async fn serve(stream: UnixStream, conn: Arc<Mutex<FakeConnection>>, every: Option<Duration>) {
+async fn serve(
+    stream: UnixStream,
+    conn: Arc<Mutex<FakeConnection>>,
+    every: Option<Duration>,
+    said: Arc<Vec<u8>>,
+) {
     let (mut rd, mut wr) = stream.into_split();
     let handshake = async {
         wr.write_all(b"RFB 003.008\n").await?;
@@ -622,6 +638,7 @@ async fn serve(stream: UnixStream, conn: Arc<Mutex<FakeConnection>>, every: Opti
         init.extend_from_slice(&4u32.to_be_bytes());
         init.extend_from_slice(b"fake");
         wr.write_all(&init).await?;
+        wr.write_all(&said).await?;
         conn.lock().unwrap().handshaken = true;
         std::io::Result::Ok(())
     };

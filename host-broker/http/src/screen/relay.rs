@@ -257,6 +257,13 @@ where
                         Some(filter) => {
                             framed.clear();
                             if let Err(v) = filter.feed(&buf[..n], &mut framed) {
+                                // What was framed before the fault still
+                                // goes (bounded), so the viewer has the
+                                // stream up to it, then the close.
+                                if !framed.is_empty() {
+                                    let last = Message::Binary(Bytes::copy_from_slice(&framed));
+                                    let _ = tokio::time::timeout(limits.send_stall, ws_tx.send(last)).await;
+                                }
                                 return RelayEnd::DesktopProtocol(v);
                             }
                             if framed.is_empty() {
