@@ -262,6 +262,35 @@ impl RfbViewer {
         Ok(self.buf.drain(..n).collect())
     }
 
+    /// Waits at most `within` for bytes to read; whether some are buffered.
+    /// Cancel-safe, unlike a timeout around [`Self::read_update`] (which
+    /// could stop inside a message): a message read here is kept whole.
+    pub async fn readable(&mut self, within: Duration) -> Result<bool> {
+        if !self.buf.is_empty() {
+            return Ok(true);
+        }
+        match tokio::time::timeout(within, self.ws.next()).await {
+            Err(_) => Ok(false),
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                self.buf.extend_from_slice(&b);
+                Ok(!self.buf.is_empty())
+            }
+            Ok(Some(Ok(Message::Close(frame)))) => bail!(
+                "closed: {:?}",
+                frame.map(|f| (u16::from(f.code), f.reason.to_string()))
+            ),
+            Ok(Some(Ok(_))) => Ok(false),
+            Ok(Some(Err(e))) => bail!("websocket: {e}"),
+            Ok(None) => bail!("websocket ended"),
+        }
+    }
+
+    /// The next byte to be read, if one is buffered (a message's type
+    /// after [`Self::readable`]).
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.first().copied()
+    }
+
     /// Reads whatever comes next (at least one byte).
     pub async fn read_some(&mut self) -> Result<Vec<u8>> {
         if self.buf.is_empty() {
