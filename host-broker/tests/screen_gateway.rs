@@ -624,7 +624,7 @@ async fn view_never_gets_the_desktops_clipboard_and_unframeable_rfb_closes_with_
     ]))
     .await
     .unwrap();
-    let want = set_encodings(&[16, -239, 0]);
+    let want = set_encodings(&[16, 5, -239, 0]);
     let fake = h.fake(0);
     fake.wait_for(0, Duration::from_secs(5), |c| c.received.ends_with(&want))
         .await

@@ -335,7 +335,8 @@ impl RfbViewer {
     /// rectangles: Raw at 32 bpp (pixels kept), ZRLE (its zlib data read
     /// past, not decoded) and pixel-less pseudo-encodings only: ask for
     /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`; CopyRect,
-    /// Cursor, DesktopName and ExtendedDesktopSize are read past too. Bell
+    /// Hextile, Cursor, DesktopName and ExtendedDesktopSize are read past
+    /// too. Bell
     /// messages in between are skipped, cut-text ones kept in
     /// [`Self::cut_texts`] (the extended form counted in
     /// [`Self::extended_cut_texts`]), xvp ones in [`Self::xvp`].
@@ -367,6 +368,8 @@ impl RfbViewer {
                                 (Vec::new(), 4 + usize::try_from(len)?)
                             }
                             1 => (self.read_exact(4).await?, 4),
+                            // Hextile at 32 bpp, read past tile by tile.
+                            5 => (Vec::new(), self.read_hextile(w, h).await?),
                             // Cursor at 32 bpp: its pixels, then its mask.
                             -239 => {
                                 let n = usize::from(w) * usize::from(h) * 4
@@ -431,6 +434,32 @@ impl RfbViewer {
                 other => bail!("server message type {other} not supported by this viewer"),
             }
         }
+    }
+
+    /// Reads past a Hextile rectangle's tiles at 32 bpp; its bytes.
+    async fn read_hextile(&mut self, w: u16, h: u16) -> Result<usize> {
+        let mut wire = 0;
+        for ty in (0..h).step_by(16) {
+            for tx in (0..w).step_by(16) {
+                let (tw, th) = (usize::from((w - tx).min(16)), usize::from((h - ty).min(16)));
+                let se = self.read_exact(1).await?[0];
+                let mut n = if se & 1 != 0 {
+                    tw * th * 4
+                } else {
+                    usize::from(se & 2 != 0) * 4 + usize::from(se & 4 != 0) * 4
+                };
+                if se & 1 == 0 && se & 8 != 0 {
+                    self.read_exact(n).await?;
+                    wire += n;
+                    let count = usize::from(self.read_exact(1).await?[0]);
+                    wire += 1;
+                    n = count * (2 + if se & 16 != 0 { 4 } else { 0 });
+                }
+                self.read_exact(n).await?;
+                wire += 1 + n;
+            }
+        }
+        Ok(wire)
     }
 
     /// Answers an extended-clipboard message as noVNC does: its own caps

@@ -38,13 +38,14 @@ const SECURITY_NONE: u8 = 1;
 
 /// The encodings a view connection may ask for, in the viewer's order: what
 /// [`super::rfb_server`] frames without decoding. Raw (0), CopyRect (1),
-/// ZRLE (16, length-prefixed), and the pseudo-encodings DesktopSize (-223),
+/// Hextile (5, each tile's header gives its length), ZRLE (16,
+/// length-prefixed), and the pseudo-encodings DesktopSize (-223),
 /// LastRect (-224), Cursor (-239, its size computable), QEMU extended key
 /// events (-258, an empty rectangle), DesktopName (-307),
 /// ExtendedDesktopSize (-308), fences (-312) and continuous updates
-/// (-313). Everything else (Tight, Hextile, the extended clipboard, xvp,
-/// VMware's cursor, quality levels) is removed from the list.
-pub const VIEW_ENCODINGS: [i32; 11] = [0, 1, 16, -223, -224, -239, -258, -307, -308, -312, -313];
+/// (-313). Everything else (Tight, TightPNG, RRE, the extended clipboard,
+/// xvp, VMware's cursor, quality levels) is removed from the list.
+pub const VIEW_ENCODINGS: [i32; 12] = [0, 1, 5, 16, -223, -224, -239, -258, -307, -308, -312, -313];
 
 /// What the client side of one connection negotiated, shared with the
 /// server side's parser. Written by [`RfbFilter`] before it forwards the

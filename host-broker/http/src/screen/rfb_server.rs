@@ -8,7 +8,8 @@
 //! FramebufferUpdate, SetColourMapEntries, Bell, ServerCutText,
 //! EndOfContinuousUpdates and ServerFence. A FramebufferUpdate is framed,
 //! never decoded: Raw and Cursor rectangles by their size in pixels,
-//! CopyRect's four bytes, ZRLE's length prefix, and the empty or small
+//! CopyRect's four bytes, Hextile tile by tile (each tile's header says
+//! its length), ZRLE's length prefix, and the empty or small
 //! pseudo-rectangles of [`super::rfb::VIEW_ENCODINGS`] (the only
 //! encodings [`super::rfb::RfbFilter`] lets a view connection ask for).
 //!
@@ -73,9 +74,58 @@ enum After {
     Message,
     /// The next rectangle of an update, this many left (0: the update ends).
     Rect(u16),
+    /// The next tile of a Hextile rectangle.
+    Tile(Tiles),
     /// Nothing: the server closes.
     Closed,
 }
+
+/// Where a Hextile rectangle is: its size, the tile being read, and the
+/// rectangles of the update left after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tiles {
+    w: u16,
+    h: u16,
+    index: u32,
+    rects_left: u16,
+}
+
+impl Tiles {
+    fn columns(self) -> u32 {
+        u32::from(self.w).div_ceil(16)
+    }
+
+    fn count(self) -> u32 {
+        self.columns() * u32::from(self.h).div_ceil(16)
+    }
+
+    /// The current tile's width and height (16, or less at the edges).
+    fn size(self) -> (u64, u64) {
+        let (col, row) = (self.index % self.columns(), self.index / self.columns());
+        let w = (u32::from(self.w) - col * 16).min(16);
+        let h = (u32::from(self.h) - row * 16).min(16);
+        (u64::from(w), u64::from(h))
+    }
+
+    /// What follows this tile.
+    fn next(self) -> After {
+        if self.index + 1 >= self.count() {
+            After::Rect(self.rects_left)
+        } else {
+            After::Tile(Tiles {
+                index: self.index + 1,
+                ..self
+            })
+        }
+    }
+}
+
+/// Hextile's subencoding bits.
+const HEXTILE_RAW: u8 = 1;
+const HEXTILE_BACKGROUND: u8 = 2;
+const HEXTILE_FOREGROUND: u8 = 4;
+const HEXTILE_SUBRECTS: u8 = 8;
+const HEXTILE_COLOURED: u8 = 16;
 
 /// A 4-byte length-like field inside a rectangle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +160,9 @@ enum Stage {
         field: Field,
         left: u16,
     },
+    /// A Hextile tile's header: its subencoding, the colours it names, its
+    /// subrectangle count.
+    Tile(Tiles),
     /// Payload bytes to pass (forward or drop).
     Stream {
         left: u64,
@@ -207,6 +260,7 @@ impl RfbServerFilter {
         match then {
             After::Message | After::Rect(0) => Stage::Message,
             After::Rect(left) => Stage::Rect { left },
+            After::Tile(tiles) => Stage::Tile(tiles),
             After::Closed => Stage::Closed,
         }
     }
@@ -243,6 +297,17 @@ impl RfbServerFilter {
             Stage::SecurityResult | Stage::FailureLength | Stage::Field { .. } => 4,
             Stage::ServerInit => 24,
             Stage::Rect { .. } => 12,
+            Stage::Tile(_) => match p.first() {
+                None => 1,
+                Some(se) if se & HEXTILE_RAW != 0 => 1,
+                Some(&se) => {
+                    let bpp = usize::try_from(self.bytes_per_pixel()).unwrap_or(4);
+                    let colour = |bit: u8| if se & bit != 0 { bpp } else { 0 };
+                    1 + colour(HEXTILE_BACKGROUND)
+                        + colour(HEXTILE_FOREGROUND)
+                        + usize::from(se & HEXTILE_SUBRECTS != 0)
+                }
+            },
             Stage::Message => match p.first() {
                 None => 1,
                 Some(0) => 4,
@@ -330,6 +395,19 @@ impl RfbServerFilter {
                 match encoding {
                     0 => self.stream(w * h * bpp, true, After::Rect(left)),
                     1 => self.stream(4, true, After::Rect(left)),
+                    5 => {
+                        let tiles = Tiles {
+                            w: u16_at(4),
+                            h: u16_at(6),
+                            index: 0,
+                            rects_left: left,
+                        };
+                        if tiles.count() == 0 {
+                            self.after(After::Rect(left))
+                        } else {
+                            Stage::Tile(tiles)
+                        }
+                    }
                     16 => Stage::Field {
                         field: Field::Zrle,
                         left,
@@ -349,6 +427,20 @@ impl RfbServerFilter {
                         left,
                     },
                     other => return Err(RfbServerViolation::UnknownEncoding(other)),
+                }
+            }
+            Stage::Tile(tiles) => {
+                let se = p[0];
+                let bpp = self.bytes_per_pixel();
+                let (w, h) = tiles.size();
+                if se & HEXTILE_RAW != 0 {
+                    self.stream(w * h * bpp, true, tiles.next())
+                } else if se & HEXTILE_SUBRECTS != 0 {
+                    let count = u64::from(p[p.len() - 1]);
+                    let each = 2 + if se & HEXTILE_COLOURED != 0 { bpp } else { 0 };
+                    self.stream(count * each, true, tiles.next())
+                } else {
+                    self.after(tiles.next())
                 }
             }
             Stage::Field { field, left } => {

@@ -78,12 +78,24 @@ fn session() -> (Vec<u8>, Vec<u8>) {
     let mut ext = rect(1280, 800, -308);
     ext.extend_from_slice(&[1, 0, 0, 0]);
     ext.extend_from_slice(&[0x22; 16]);
+    // Hextile, 20×17: four tiles (16×16, 4×16, 16×1, 4×1), one of each
+    // kind: raw, background + foreground + two subrects, one coloured
+    // subrect, nothing (the background goes on).
+    let mut hextile = rect(20, 17, 5);
+    hextile.push(1);
+    hextile.extend_from_slice(&[0x55; 16 * 16 * 4]);
+    hextile.push(2 | 4 | 8);
+    hextile.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 2, 0x00, 0x11, 0x22, 0x33]);
+    hextile.push(8 | 16);
+    hextile.extend_from_slice(&[1, 9, 9, 9, 9, 0x01, 0x00]);
+    hextile.push(0);
     let mut name = rect(0, 0, -307);
     name.extend_from_slice(&4u32.to_be_bytes());
     name.extend_from_slice(b"desk");
     let first = update(
-        8,
+        9,
         &[
+            hextile,
             raw.clone(),
             copy,
             zrle,
@@ -300,14 +312,14 @@ fn what_it_cannot_frame_ends_the_connection() {
     let mut fence = vec![248, 0, 0, 0, 0, 0, 0, 0, 65];
     fence.extend_from_slice(&[0; 65]);
     for (message, want) in [
-        // Tight, Hextile, the extended clipboard's and xvp's: not framed.
+        // Tight, RRE, the extended clipboard's and xvp's: not framed.
         (
             update(1, &[rect(1, 1, 7)]),
             RfbServerViolation::UnknownEncoding(7),
         ),
         (
-            update(1, &[rect(1, 1, 5)]),
-            RfbServerViolation::UnknownEncoding(5),
+            update(1, &[rect(1, 1, 2)]),
+            RfbServerViolation::UnknownEncoding(2),
         ),
         (
             update(

@@ -94,7 +94,7 @@ fn session() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         all.extend_from_slice(h);
         if h[0] == 2 {
             // View asks only for what the server side can frame.
-            view.extend_from_slice(&set_encodings(&[0, 1, 16, -223, -224, -258, -313]));
+            view.extend_from_slice(&set_encodings(&[0, 1, 5, 16, -223, -224, -258, -313]));
         } else {
             view.extend_from_slice(h);
         }
@@ -311,7 +311,7 @@ fn view_set_encodings_keep_only_what_the_server_side_frames() {
         0x574d_5664,
         -239,
     ];
-    let kept = [1, 16, 0, -223, -224, -258, -308, -312, -313, -307, -239];
+    let kept = [1, 5, 16, 0, -223, -224, -258, -308, -312, -313, -307, -239];
     let mut s = handshake();
     s.extend_from_slice(&set_encodings(&novnc));
     let mut want = b"RFB 003.008\n".to_vec();
@@ -332,7 +332,7 @@ fn view_set_encodings_keep_only_what_the_server_side_frames() {
     let mut s = handshake();
     s.extend_from_slice(&set_encodings(&[
         7,
-        5,
+        2,
         i32::from_be_bytes(0xC0A1_E5CE_u32.to_be_bytes()),
     ]));
     let out = run(ScreenMode::View, &[&s]).unwrap();
