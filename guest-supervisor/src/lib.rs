@@ -7,6 +7,7 @@
 
 pub mod activity;
 pub mod bridge;
+pub mod clipboard;
 pub mod config;
 pub mod config_file;
 pub mod egress;

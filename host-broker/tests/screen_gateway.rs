@@ -85,6 +85,11 @@ struct Harness {
 
 impl Harness {
     async fn new(desktops: usize, stream_every: Option<Duration>) -> Self {
+        Self::saying(desktops, stream_every, Vec::new()).await
+    }
+
+    /// Desktops whose servers also send `said` after each ServerInit.
+    async fn saying(desktops: usize, stream_every: Option<Duration>, said: Vec<u8>) -> Self {
         let dir = TempDir::new("dormouse-screen");
         let host = Arc::new(FakeHost {
             sockets: Mutex::default(),
@@ -94,7 +99,7 @@ impl Harness {
         for i in 0..desktops {
             let id = Uuid::new_v4();
             let path = dir.path().join(format!("vnc-{i}.sock"));
-            let server = FakeVncServer::start(&path, stream_every).unwrap();
+            let server = FakeVncServer::start_saying(&path, stream_every, said.clone()).unwrap();
             host.sockets.lock().unwrap().insert(id, path);
             servers.push((id, server));
         }
@@ -569,4 +574,59 @@ async fn twenty_viewers_one_never_reading_the_others_keep_receiving() {
     );
     assert_eq!(still_open, 19);
     drop((stalled, alive));
+}
+
+/// The desktop's clipboard, a bell, an empty update and then a message type
+/// no RFB server sends.
+fn desktop_says() -> (Vec<u8>, Vec<u8>) {
+    let mut said = vec![3, 0, 0, 0];
+    said.extend_from_slice(&11u32.to_be_bytes());
+    said.extend_from_slice(b"desk-secret");
+    let framed = vec![2, 0, 0, 0, 0];
+    said.extend_from_slice(&framed);
+    said.push(77);
+    (said, framed)
+}
+
+#[tokio::test]
+async fn view_never_gets_the_desktops_clipboard_and_unframeable_rfb_closes_with_4007() {
+    let (said, framed) = desktop_says();
+    let h = Harness::saying(1, None, said.clone()).await;
+    let view = h.mint(h.id(0), "view", 60000).await;
+    let control = h.mint(h.id(0), "control", 60000).await;
+
+    let mut v = h.viewer(&view).await;
+    // Everything framed before the unknown type arrives, the clipboard cut.
+    assert_eq!(v.read_exact(framed.len()).await.unwrap(), framed);
+    let closed = v.closed(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(closed.code, Some(4007), "{closed:?}");
+    assert_eq!(
+        closed.reason,
+        "the desktop's rfb refused: unknown server message type 77"
+    );
+
+    // Control's server side is not parsed: it gets every byte as sent.
+    let mut c = h.viewer(&control).await;
+    assert_eq!(c.read_exact(said.len()).await.unwrap(), said);
+    c.close().await;
+
+    // A view's SetEncodings reaches the desktop rewritten.
+    let h = Harness::new(1, None).await;
+    let view = h.mint(h.id(0), "view", 60000).await;
+    let mut v = h.viewer(&view).await;
+    v.send(&set_encodings(&[
+        7,
+        16,
+        5,
+        -239,
+        i32::from_be_bytes(0xC0A1_E5CE_u32.to_be_bytes()),
+        0,
+    ]))
+    .await
+    .unwrap();
+    let want = set_encodings(&[16, 5, -239, 0]);
+    let fake = h.fake(0);
+    fake.wait_for(0, Duration::from_secs(5), |c| c.received.ends_with(&want))
+        .await
+        .unwrap();
 }

@@ -3,7 +3,8 @@
 //! before anything is executed.
 //!
 //! The names are those of the Anthropic computer-use tool `computer_20250124`
-//! plus `zoom`, so an agent loop forwards its tool calls unchanged:
+//! plus `zoom`, `clipboard_get` and `clipboard_set`, so an agent loop
+//! forwards its tool calls unchanged:
 //!
 //! ```json
 //! {"actions": [{"action": "left_click", "coordinate": [640, 400]},
@@ -44,7 +45,10 @@ mod scale;
 mod types;
 mod validate;
 
-pub use bound::{guest_wait, run_bound, KEY_ACTION_ALLOWANCE, RUN_BOUND_BASE, TEXT_BYTE_ALLOWANCE};
+pub use bound::{
+    guest_wait, run_bound, CLIPBOARD_ALLOWANCE, KEY_ACTION_ALLOWANCE, RUN_BOUND_BASE,
+    TEXT_BYTE_ALLOWANCE,
+};
 pub use limits::*;
 pub use scale::{Size, Space};
 pub use types::*;

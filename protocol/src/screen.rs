@@ -40,6 +40,10 @@ pub const CLOSE_DESKTOP_GONE: u16 = 4005;
 /// WebSocket close code: the desktop's screen carries all the connections
 /// it can of this mode ([`MAX_SCREEN_CONNECTIONS`], [`CONTROL_RESERVE`]).
 pub const CLOSE_SCREEN_FULL: u16 = 4006;
+/// WebSocket close code: the desktop's VNC server sent a view connection
+/// RFB the gateway cannot frame (so it cannot keep the desktop's clipboard
+/// out of it).
+pub const CLOSE_DESKTOP_PROTOCOL: u16 = 4007;
 
 /// Most VNC connections one desktop's screen carries at once: the guest
 /// splices no more, and the broker admits no more (every mode, every

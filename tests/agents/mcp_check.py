@@ -34,6 +34,7 @@ PUBLISHED_FIELDS = {
 TOOLS = {
     "computer", "shell", "read_file", "write_file", "list_files", "desktops",
     "create_desktop", "start_desktop", "stop_desktop", "screen_link",
+    "clipboard_get", "clipboard_set",
 }
 # stdio declares a scaled space; HTTP uses the default (the 1280x800 screen).
 SPACE = (1024, 640) if MODE == "stdio" else (1280, 800)
@@ -158,6 +159,10 @@ async def main():
         check(DESK in texts(listing), "desktops lists the desktop")
         link = await s.call_tool("screen_link", {"mode": "view", "ttl": 60})
         check(not link.is_error and "/panel/screen.html#screen=" in texts(link), f"screen_link: {texts(link)[:120]}")
+        put = await s.call_tool("clipboard_set", {"text": "mcp-clip-7"})
+        check(not put.is_error, f"clipboard_set: {texts(put)[:120]}")
+        got = await s.call_tool("clipboard_get", {})
+        check(not got.is_error and texts(got) == "mcp-clip-7", f"clipboard_get: {texts(got)[:120]}")
 
     # The screenshot after actions turned off, and JPEG images.
     async with Session(options={"screenshot": "false", "format": "jpeg", "quality": "50"}) as s:

@@ -161,6 +161,13 @@ pub struct RfbViewer {
     /// xvp messages from the server (version, code), in the order
     /// [`Self::read_update`] met them.
     pub xvp: Vec<(u8, u8)>,
+    /// The text of every plain ServerCutText [`Self::read_update`] met.
+    pub cut_texts: Vec<Vec<u8>>,
+    /// How many extended-clipboard ServerCutText messages it met (a
+    /// provide's text also goes to [`Self::cut_texts`]).
+    pub extended_cut_texts: usize,
+    /// The flags of each extended-clipboard message, in order.
+    pub extended_flags: Vec<u32>,
 }
 
 /// How to present the screen token.
@@ -220,6 +227,9 @@ impl RfbViewer {
             buf: Vec::new(),
             protocol,
             xvp: Vec::new(),
+            cut_texts: Vec::new(),
+            extended_cut_texts: 0,
+            extended_flags: Vec::new(),
         })
     }
 
@@ -250,6 +260,35 @@ impl RfbViewer {
             }
         }
         Ok(self.buf.drain(..n).collect())
+    }
+
+    /// Waits at most `within` for bytes to read; whether some are buffered.
+    /// Cancel-safe, unlike a timeout around [`Self::read_update`] (which
+    /// could stop inside a message): a message read here is kept whole.
+    pub async fn readable(&mut self, within: Duration) -> Result<bool> {
+        if !self.buf.is_empty() {
+            return Ok(true);
+        }
+        match tokio::time::timeout(within, self.ws.next()).await {
+            Err(_) => Ok(false),
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                self.buf.extend_from_slice(&b);
+                Ok(!self.buf.is_empty())
+            }
+            Ok(Some(Ok(Message::Close(frame)))) => bail!(
+                "closed: {:?}",
+                frame.map(|f| (u16::from(f.code), f.reason.to_string()))
+            ),
+            Ok(Some(Ok(_))) => Ok(false),
+            Ok(Some(Err(e))) => bail!("websocket: {e}"),
+            Ok(None) => bail!("websocket ended"),
+        }
+    }
+
+    /// The next byte to be read, if one is buffered (a message's type
+    /// after [`Self::readable`]).
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.first().copied()
     }
 
     /// Reads whatever comes next (at least one byte).
@@ -295,9 +334,12 @@ impl RfbViewer {
     /// Reads server messages until a FramebufferUpdate and returns its
     /// rectangles: Raw at 32 bpp (pixels kept), ZRLE (its zlib data read
     /// past, not decoded) and pixel-less pseudo-encodings only: ask for
-    /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`. Bell and
-    /// cut-text messages in between are skipped, xvp ones kept in
-    /// [`Self::xvp`].
+    /// those with [`set_encodings`]`(&[0])` or `(&[16, 0])`; CopyRect,
+    /// Hextile, Cursor, DesktopName and ExtendedDesktopSize are read past
+    /// too. Bell
+    /// messages in between are skipped, cut-text ones kept in
+    /// [`Self::cut_texts`] (the extended form counted in
+    /// [`Self::extended_cut_texts`]), xvp ones in [`Self::xvp`].
     pub async fn read_update(&mut self) -> Result<Vec<Rect>> {
         loop {
             let kind = self.read_exact(1).await?[0];
@@ -325,6 +367,30 @@ impl RfbViewer {
                                 self.read_exact(usize::try_from(len)?).await?;
                                 (Vec::new(), 4 + usize::try_from(len)?)
                             }
+                            1 => (self.read_exact(4).await?, 4),
+                            // Hextile at 32 bpp, read past tile by tile.
+                            5 => (Vec::new(), self.read_hextile(w, h).await?),
+                            // Cursor at 32 bpp: its pixels, then its mask.
+                            -239 => {
+                                let n = usize::from(w) * usize::from(h) * 4
+                                    + usize::from(w).div_ceil(8) * usize::from(h);
+                                self.read_exact(n).await?;
+                                (Vec::new(), n)
+                            }
+                            // DesktopName: a length and the name.
+                            -307 => {
+                                let len = self.read_exact(4).await?;
+                                let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                                ensure!(len <= 4096, "a desktop name of {len} bytes");
+                                self.read_exact(usize::try_from(len)?).await?;
+                                (Vec::new(), 4 + usize::try_from(len)?)
+                            }
+                            // ExtendedDesktopSize: a count, then 16 bytes a screen.
+                            -308 => {
+                                let n = usize::from(self.read_exact(4).await?[0]) * 16;
+                                self.read_exact(n).await?;
+                                (Vec::new(), 4 + n)
+                            }
                             e if e < 0 => (Vec::new(), 0),
                             e => bail!("encoding {e} not supported by this viewer"),
                         };
@@ -344,9 +410,20 @@ impl RfbViewer {
                 2 => {}
                 3 => {
                     let head = self.read_exact(7).await?;
-                    let len = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
-                    ensure!(len <= 1 << 20, "server cut text of {len} bytes");
-                    self.read_exact(usize::try_from(len)?).await?;
+                    let len = i32::from_be_bytes([head[3], head[4], head[5], head[6]]);
+                    ensure!(
+                        len.unsigned_abs() <= 1 << 20,
+                        "server cut text of {len} bytes"
+                    );
+                    let text = self
+                        .read_exact(usize::try_from(len.unsigned_abs())?)
+                        .await?;
+                    if len < 0 {
+                        self.extended_cut_texts += 1;
+                        self.extended_clipboard(&text).await?;
+                    } else {
+                        self.cut_texts.push(text);
+                    }
                 }
                 // xvp: the server's answer to an xvp message (version,
                 // code), kept for the test to look at.
@@ -357,6 +434,81 @@ impl RfbViewer {
                 other => bail!("server message type {other} not supported by this viewer"),
             }
         }
+    }
+
+    /// Reads past a Hextile rectangle's tiles at 32 bpp; its bytes.
+    async fn read_hextile(&mut self, w: u16, h: u16) -> Result<usize> {
+        let mut wire = 0;
+        for ty in (0..h).step_by(16) {
+            for tx in (0..w).step_by(16) {
+                let (tw, th) = (usize::from((w - tx).min(16)), usize::from((h - ty).min(16)));
+                let se = self.read_exact(1).await?[0];
+                let mut n = if se & 1 != 0 {
+                    tw * th * 4
+                } else {
+                    usize::from(se & 2 != 0) * 4 + usize::from(se & 4 != 0) * 4
+                };
+                if se & 1 == 0 && se & 8 != 0 {
+                    self.read_exact(n).await?;
+                    wire += n;
+                    let count = usize::from(self.read_exact(1).await?[0]);
+                    wire += 1;
+                    n = count * (2 + if se & 16 != 0 { 4 } else { 0 });
+                }
+                self.read_exact(n).await?;
+                wire += 1 + n;
+            }
+        }
+        Ok(wire)
+    }
+
+    /// Answers an extended-clipboard message as noVNC does: its own caps
+    /// to the server's, a request for the text to a notify; a provide's
+    /// text (zlib: a length and the text, NUL-terminated) goes to
+    /// [`Self::cut_texts`].
+    async fn extended_clipboard(&mut self, message: &[u8]) -> Result<()> {
+        const TEXT: u32 = 1;
+        const CAPS: u32 = 1 << 24;
+        const REQUEST: u32 = 1 << 25;
+        const NOTIFY: u32 = 1 << 27;
+        const PROVIDE: u32 = 1 << 28;
+        ensure!(
+            message.len() >= 4,
+            "an extended clipboard message of {message:?}"
+        );
+        let flags = u32::from_be_bytes([message[0], message[1], message[2], message[3]]);
+        self.extended_flags.push(flags);
+        let reply = |payload: Vec<u8>| {
+            let mut m = vec![6, 0, 0, 0];
+            m.extend_from_slice(&(-i32::try_from(payload.len()).unwrap_or(0)).to_be_bytes());
+            m.extend_from_slice(&payload);
+            m
+        };
+        if flags & CAPS != 0 {
+            let mut caps = (CAPS | REQUEST | NOTIFY | PROVIDE | TEXT)
+                .to_be_bytes()
+                .to_vec();
+            caps.extend_from_slice(&(1u32 << 20).to_be_bytes());
+            self.send(&reply(caps)).await?;
+        } else if flags & NOTIFY != 0 && flags & TEXT != 0 {
+            self.send(&reply((REQUEST | TEXT).to_be_bytes().to_vec()))
+                .await?;
+        } else if flags & PROVIDE != 0 && flags & TEXT != 0 {
+            use std::io::Read as _;
+            let mut data = Vec::new();
+            flate2::read::ZlibDecoder::new(&message[4..])
+                .take(2 << 20)
+                .read_to_end(&mut data)?;
+            ensure!(data.len() >= 4, "a provide of {} bytes", data.len());
+            let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+            let end = (4 + usize::try_from(len)?).min(data.len());
+            let mut text = data[4..end].to_vec();
+            if text.last() == Some(&0) {
+                text.pop();
+            }
+            self.cut_texts.push(text);
+        }
+        Ok(())
     }
 
     /// Waits (at most `within`) for the connection to end, skipping data.
@@ -396,172 +548,6 @@ impl RfbViewer {
     }
 }
 
-/// What one connection to the fake server delivered.
-#[derive(Debug, Default)]
-pub struct FakeConnection {
-    /// The 12-byte version the viewer sent.
-    pub version: Vec<u8>,
-    /// Every byte after the handshake (security type and ClientInit too).
-    pub received: Vec<u8>,
-    /// The handshake completed.
-    pub handshaken: bool,
-    /// The connection ended (EOF or error on read).
-    pub closed: bool,
-}
-
-/// A fake VNC server on a unix socket.
-#[derive(Debug)]
-pub struct FakeVncServer {
-    path: PathBuf,
-    /// One entry per accepted connection, in order.
-    pub connections: Arc<Mutex<Vec<Arc<Mutex<FakeConnection>>>>>,
-    task: JoinHandle<()>,
-}
-
-/// Framebuffer size of the fake server.
-pub const FAKE_WIDTH: u16 = 64;
-/// Framebuffer height of the fake server.
-pub const FAKE_HEIGHT: u16 = 48;
-
-impl FakeVncServer {
-    /// Listens at `path`. With `stream_every`, each connection also gets a
-    /// Raw FramebufferUpdate of the whole 64x48 screen (12 KiB) that often,
-    /// whether it asked or not (as continuous updates would).
-    pub fn start(path: &Path, stream_every: Option<Duration>) -> Result<Self> {
-        let listener = UnixListener::bind(path)?;
-        let connections: Arc<Mutex<Vec<Arc<Mutex<FakeConnection>>>>> = Arc::default();
-        let all = connections.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let conn = Arc::new(Mutex::new(FakeConnection::default()));
-                all.lock().unwrap().push(conn.clone());
-                tokio::spawn(serve(stream, conn, stream_every));
-            }
-        });
-        Ok(Self {
-            path: path.to_owned(),
-            connections,
-            task,
-        })
-    }
-
-    /// The socket path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Connection `i`'s record.
-    pub fn connection(&self, i: usize) -> Option<Arc<Mutex<FakeConnection>>> {
-        self.connections.lock().unwrap().get(i).cloned()
-    }
-
-    /// How many connections were accepted.
-    pub fn accepted(&self) -> usize {
-        self.connections.lock().unwrap().len()
-    }
-
-    /// Waits until connection `i` has received `pred`, at most `within`.
-    pub async fn wait_for(
-        &self,
-        i: usize,
-        within: Duration,
-        pred: impl Fn(&FakeConnection) -> bool,
-    ) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(c) = self.connection(i) {
-                if pred(&c.lock().unwrap()) {
-                    return Ok(());
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("fake VNC connection {i}: condition not met within {within:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl Drop for FakeVncServer {
-    fn drop(&mut self) {
-        self.task.abort();
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// One Raw FramebufferUpdate of the whole fake screen: a gradient (blue
-/// across, green down) whose red is `shade`, so each update differs.
-pub fn fake_update(shade: u8) -> Vec<u8> {
-    let mut v = vec![0, 0, 0, 1, 0, 0, 0, 0];
-    v.extend_from_slice(&FAKE_WIDTH.to_be_bytes());
-    v.extend_from_slice(&FAKE_HEIGHT.to_be_bytes());
-    v.extend_from_slice(&0i32.to_be_bytes());
-    for y in 0..FAKE_HEIGHT {
-        for x in 0..FAKE_WIDTH {
-            let blue = u8::try_from(u32::from(x) * 255 / u32::from(FAKE_WIDTH)).unwrap_or(255);
-            let green = u8::try_from(u32::from(y) * 255 / u32::from(FAKE_HEIGHT)).unwrap_or(255);
-            v.extend_from_slice(&[blue, green, shade, 0]);
-        }
-    }
-    v
-}
-
-async fn serve(stream: UnixStream, conn: Arc<Mutex<FakeConnection>>, every: Option<Duration>) {
-    let (mut rd, mut wr) = stream.into_split();
-    let handshake = async {
-        wr.write_all(b"RFB 003.008\n").await?;
-        let mut version = [0u8; 12];
-        rd.read_exact(&mut version).await?;
-        conn.lock().unwrap().version = version.to_vec();
-        wr.write_all(&[1, 1]).await?;
-        let mut security = [0u8; 1];
-        rd.read_exact(&mut security).await?;
-        conn.lock().unwrap().received.push(security[0]);
-        wr.write_all(&[0, 0, 0, 0]).await?;
-        let mut shared = [0u8; 1];
-        rd.read_exact(&mut shared).await?;
-        conn.lock().unwrap().received.push(shared[0]);
-        let mut init = Vec::new();
-        init.extend_from_slice(&FAKE_WIDTH.to_be_bytes());
-        init.extend_from_slice(&FAKE_HEIGHT.to_be_bytes());
-        init.extend_from_slice(&[32, 24, 0, 1, 0, 255, 0, 255, 0, 255, 16, 8, 0, 0, 0, 0]);
-        init.extend_from_slice(&4u32.to_be_bytes());
-        init.extend_from_slice(b"fake");
-        wr.write_all(&init).await?;
-        conn.lock().unwrap().handshaken = true;
-        std::io::Result::Ok(())
-    };
-    if handshake.await.is_err() {
-        conn.lock().unwrap().closed = true;
-        return;
-    }
-    // Without streaming the write half stays here: dropping it would shut
-    // the connection's write side down, which reads as the desktop leaving.
-    let (writer, _idle_writer) = match every {
-        Some(every) => (
-            Some(tokio::spawn(async move {
-                let mut shade = 0u8;
-                loop {
-                    tokio::time::sleep(every).await;
-                    shade = shade.wrapping_add(1);
-                    if wr.write_all(&fake_update(shade)).await.is_err() {
-                        return;
-                    }
-                }
-            })),
-            None,
-        ),
-        None => (None, Some(wr)),
-    };
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => conn.lock().unwrap().received.extend_from_slice(&buf[..n]),
-        }
-    }
-    conn.lock().unwrap().closed = true;
-    if let Some(w) = writer {
-        w.abort();
-    }
-}
+#[path = "rfb_fake.rs"]
+mod fake;
+pub use fake::{fake_update, FakeConnection, FakeVncServer, FAKE_HEIGHT, FAKE_WIDTH};

@@ -19,8 +19,10 @@
 //! as fast as the server takes them.
 //!
 //! It must never run a batch that [`dormouse_protocol::actions::validate`]
-//! refuses for this screen, never spawn a process (no xdotool), and never
-//! leave a key or button pressed that the batch did not ask to keep pressed.
+//! refuses for this screen, never spawn a process for input (no xdotool;
+//! the clipboard actions are [`crate::clipboard`]'s, which runs xclip), and
+//! never leave a key or button pressed that the batch did not ask to keep
+//! pressed.
 
 mod capture;
 mod keyboard;
@@ -44,6 +46,7 @@ use x11rb::rust_connection::RustConnection;
 use self::capture::acquire_capture_slot;
 use self::keymap::{KeyAt, Keymap};
 use self::pointer::{presses_a_button, DRAG_STEPS};
+use crate::clipboard::{self, ClipboardError};
 use crate::config::Config;
 use crate::screenshot::{self, CaptureSpec, Rect, ScreenshotError};
 use crate::x_client::{self, XError};
@@ -99,7 +102,8 @@ impl ExecuteError {
 pub struct BatchOutcome {
     /// Results (images' `data` empty) and image lengths.
     pub answer: GuestActionResults,
-    /// The images, to be written one after the other as the payload.
+    /// The images, then the clipboard texts, to be written one after the
+    /// other as the payload.
     pub images: Vec<Vec<u8>>,
 }
 
@@ -120,6 +124,8 @@ enum ActionError {
     Screenshot(#[from] ScreenshotError),
     #[error("the images of this batch exceed {0} bytes")]
     TooLarge(u32),
+    #[error(transparent)]
+    Clipboard(#[from] ClipboardError),
 }
 
 impl ActionError {
@@ -132,6 +138,7 @@ impl ActionError {
             Self::NoModifierKey(_) => "no_modifier_key",
             Self::Screenshot(_) => "screenshot_failed",
             Self::TooLarge(_) => "too_large",
+            Self::Clipboard(e) => e.code(),
         }
     }
 }
@@ -159,10 +166,16 @@ pub async fn execute(
     let bound = batch_bound(config, &batch);
     let runtime = tokio::runtime::Handle::current();
     let probe_timeout = Duration::from_millis(config.probe_timeout_ms);
+    let desktop = config.clone();
     x_client::with_display(config, bound, move |conn, screen| {
-        Ok(run_batch(conn, screen, &batch, options, &|| {
-            acquire_capture_slot(&runtime, probe_timeout)
-        }))
+        Ok(run_batch(
+            conn,
+            screen,
+            &batch,
+            options,
+            Some(&desktop),
+            &|| acquire_capture_slot(&runtime, probe_timeout),
+        ))
     })
     .await?
 }
@@ -173,14 +186,16 @@ type SlotFn<'a> = dyn Fn() -> Result<tokio::sync::SemaphorePermit<'static>, XErr
 
 /// Runs a batch on an open connection (blocking): validation against the
 /// root window of `screen`, then the actions in order. Errors of single
-/// actions end the batch and are in its results.
+/// actions end the batch and are in its results. Without the supervisor's
+/// configuration (and its reaper) the clipboard actions fail
+/// `clipboard_failed`.
 pub fn run_batch_blocking(
     conn: &RustConnection,
     screen: usize,
     batch: &ActionBatch,
     options: InputOptions,
 ) -> Result<BatchOutcome, ExecuteError> {
-    run_batch(conn, screen, batch, options, &|| {
+    run_batch(conn, screen, batch, options, None, &|| {
         screenshot::CAPTURE_SLOT
             .try_acquire()
             .map_err(|e| XError::Unexpected(format!("capture slot: {e}")))
@@ -192,6 +207,7 @@ fn run_batch(
     screen: usize,
     batch: &ActionBatch,
     options: InputOptions,
+    desktop: Option<&Config>,
     slot: &SlotFn<'_>,
 ) -> Result<BatchOutcome, ExecuteError> {
     let (width, height, _) = x_client::root_geometry(conn, screen)?;
@@ -206,6 +222,7 @@ fn run_batch(
         options,
         keymap: None,
         images: Vec::new(),
+        texts: Vec::new(),
         image_bytes: 0,
         ping_atoms: None,
         pings: 0,
@@ -216,6 +233,7 @@ fn run_batch(
             .map_err(XError::from)?
             .is_some(),
         slot,
+        desktop,
     };
     let mut results = Vec::with_capacity(batch.actions.len());
     let mut clicked = false;
@@ -264,12 +282,20 @@ fn run_batch(
         .iter()
         .map(|i| u64::try_from(i.len()).unwrap_or(u64::MAX))
         .collect();
+    let text_lens = run
+        .texts
+        .iter()
+        .map(|t| u64::try_from(t.len()).unwrap_or(u64::MAX))
+        .collect();
+    let mut payload = run.images;
+    payload.append(&mut run.texts);
     Ok(BatchOutcome {
         answer: GuestActionResults {
             results,
             image_lens,
+            text_lens,
         },
-        images: run.images,
+        images: payload,
     })
 }
 
@@ -282,9 +308,13 @@ struct Runner<'a> {
     options: InputOptions,
     keymap: Option<Keymap>,
     images: Vec<Vec<u8>>,
+    /// The texts `clipboard_get` read, in order.
+    texts: Vec<Vec<u8>>,
     image_bytes: usize,
     xtest: bool,
     slot: &'a SlotFn<'a>,
+    /// The desktop user and display, for the clipboard actions.
+    desktop: Option<&'a Config>,
     /// `WM_PROTOCOLS` and `_NET_WM_PING`, once interned.
     ping_atoms: Option<(u32, u32)>,
     pings: u32,
@@ -307,6 +337,8 @@ impl Runner<'_> {
                 | Action::Screenshot { .. }
                 | Action::Zoom { .. }
                 | Action::Wait { .. }
+                | Action::ClipboardGet {}
+                | Action::ClipboardSet { .. }
         );
         if needs_xtest && !self.xtest {
             return Err(ActionError::NoXtest);
@@ -407,6 +439,13 @@ impl Runner<'_> {
                 })?;
             }
             Action::Wait { duration } => std::thread::sleep(Duration::from_secs_f64(*duration)),
+            Action::ClipboardGet {} => {
+                // In the payload, after the images: a guest's strings are
+                // escaped and cut on arrival, the payload's bytes are not.
+                let text = clipboard::get(self.desktop()?)?;
+                self.texts.push(text.into_bytes());
+            }
+            Action::ClipboardSet { text } => clipboard::set(self.desktop()?, text)?,
             Action::Screenshot { .. } => {
                 let spec = CaptureSpec {
                     region: None,
@@ -435,6 +474,14 @@ impl Runner<'_> {
             }
         }
         Ok(ActionResult::ok(name))
+    }
+
+    /// The desktop's configuration, which the clipboard actions need.
+    fn desktop(&self) -> Result<&Config, ActionError> {
+        self.desktop
+            .ok_or(ActionError::Clipboard(ClipboardError::Failed(
+                "no desktop configuration".into(),
+            )))
     }
 
     /// One round trip: the server has processed everything sent; an error

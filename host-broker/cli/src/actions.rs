@@ -26,12 +26,12 @@ pub struct ActArgs {
     /// The action: key, hold_key, type, cursor_position, mouse_move,
     /// left_mouse_down, left_mouse_up, left_click, left_click_drag,
     /// right_click, middle_click, double_click, triple_click, scroll, wait,
-    /// screenshot, zoom.
+    /// screenshot, zoom, clipboard_get, clipboard_set.
     pub action: String,
     /// Its arguments: `X Y` for pointer actions, `X0 Y0 X1 Y1` for
     /// left_click_drag and zoom, `[X Y] DIRECTION AMOUNT` for scroll,
-    /// `TEXT` for key and type, `TEXT SECONDS` for hold_key, `SECONDS` for
-    /// wait.
+    /// `TEXT` for key, type and clipboard_set, `TEXT SECONDS` for hold_key,
+    /// `SECONDS` for wait.
     #[arg(allow_hyphen_values = true)]
     pub args: Vec<String>,
     /// Modifiers held around a click, move or scroll (`shift`, `ctrl+alt`).
@@ -103,7 +103,7 @@ pub fn action_from_words(
     action.insert("action".into(), json!(name));
     let point = |a: &[String]| -> Result<Value, CliError> { Ok(json!([int(&a[0])?, int(&a[1])?])) };
     match name {
-        "key" | "type" => {
+        "key" | "type" | "clipboard_set" => {
             if args.is_empty() {
                 return Err(usage("needs TEXT"));
             }
@@ -146,7 +146,7 @@ pub fn action_from_words(
             action.insert("scroll_direction".into(), json!(rest[0]));
             action.insert("scroll_amount".into(), json!(int(&rest[1])?));
         }
-        "cursor_position" | "screenshot" => {
+        "cursor_position" | "screenshot" | "clipboard_get" => {
             if !args.is_empty() {
                 return Err(usage("takes no arguments"));
             }
@@ -286,6 +286,7 @@ fn report(
 }
 
 /// `left_click ok`, `cursor_position ok 640 400`, `screenshot ok 1024x640`,
+/// `clipboard_get ok the text` (escaped: the guest's text is hostile),
 /// `type failed x_error: ...`.
 fn line(r: &ActionResult) -> String {
     let mut text = format!("{} {}", r.action, if r.ok { "ok" } else { "failed" });
@@ -294,6 +295,9 @@ fn line(r: &ActionResult) -> String {
     }
     if let Some([w, h]) = r.size {
         text.push_str(&format!(" {w}x{h}"));
+    }
+    if let Some(clip) = &r.text {
+        text.push_str(&format!(" {}", Safe(clip)));
     }
     if let Some(e) = &r.error {
         text.push_str(&format!(" {}: {}", Safe(&e.code), Safe(&e.message)));
@@ -319,6 +323,19 @@ mod tests {
     #[test]
     fn words_become_actions() {
         let w = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            action_from_words("clipboard_set", &w(&["copied", "text"]), None).ok(),
+            Some(json!({"action": "clipboard_set", "text": "copied text"}))
+        );
+        assert_eq!(
+            action_from_words("clipboard_get", &[], None).ok(),
+            Some(json!({"action": "clipboard_get"}))
+        );
+        let got = ActionResult {
+            text: Some("a\u{1b}[2J\nb".into()),
+            ..ActionResult::ok(dormouse_protocol::actions::ActionName::ClipboardGet)
+        };
+        assert_eq!(line(&got), "clipboard_get ok a\\x1b[2J\\x0ab");
         assert_eq!(
             action_from_words("left_click", &w(&["640", "400"]), Some("shift")).ok(),
             Some(json!({"action": "left_click", "coordinate": [640, 400], "text": "shift"}))

@@ -236,6 +236,7 @@ pub async fn rfb(
                 to_viewer = stats.to_viewer,
                 to_desktop = stats.to_desktop,
                 dropped_input = stats.dropped_input,
+                dropped_cut_text = stats.dropped_cut_text,
                 "screen connection closed"
             );
             if mode == ScreenMode::View && stats.dropped_input > 0 {

@@ -1,12 +1,14 @@
 //! The tools, one method each over the API client of the call: `computer`,
 //! `shell`, `read_file`, `write_file`, `list_files`, `desktops`,
-//! `create_desktop`, `start_desktop`, `stop_desktop`, `screen_link`. A
-//! refusal of the API comes back as a tool error carrying its message.
+//! `create_desktop`, `start_desktop`, `stop_desktop`, `screen_link`,
+//! `clipboard_get`, `clipboard_set`. A refusal of the API comes back as a
+//! tool error carrying its message.
 
 use std::sync::Arc;
 
 use base64::Engine as _;
 use dormouse_client::{Endpoint, Fetched};
+use dormouse_protocol::actions::{Action, ActionBatch, ActionResults};
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::exec::ExecRequest;
 use dormouse_protocol::screen::{viewer_link, CreateScreen, ScreenMode};
@@ -49,6 +51,29 @@ fn json_text(v: &impl serde::Serialize) -> CallToolResult {
 pub struct DesktopArg {
     /// The desktop (id or name); optional when the server is bound to one.
     pub desktop: Option<String>,
+}
+
+/// `clipboard_set`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClipboardSetArgs {
+    /// The text the desktop's clipboard is to hold (at most 32 KiB).
+    pub text: String,
+    /// The desktop (id or name); optional when the server is bound to one.
+    pub desktop: Option<String>,
+}
+
+/// The one result of a one-action batch, or its failure as a tool error.
+fn only_result(
+    results: ActionResults,
+) -> Result<dormouse_protocol::actions::ActionResult, ToolError> {
+    let Some(result) = results.results.into_iter().next() else {
+        return Err(ToolError::Invalid("the desktop answered no result".into()));
+    };
+    match &result.error {
+        Some(e) if !result.ok => Err(ToolError::Invalid(format!("{}: {}", e.code, e.message))),
+        _ => Ok(result),
+    }
 }
 
 /// `shell`'s arguments.
@@ -345,6 +370,53 @@ impl Dormouse {
             async {
                 let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 Ok(json_text(&client.stop(id).await?))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Read the text of the desktop's clipboard (CLIPBOARD; empty when nothing was copied), at most 32 KiB. The desktop must be running."
+    )]
+    async fn clipboard_get(
+        &self,
+        Parameters(a): Parameters<DesktopArg>,
+        extensions: Extensions,
+    ) -> Outcome {
+        answer(
+            async {
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
+                let batch = ActionBatch {
+                    actions: vec![Action::ClipboardGet {}],
+                    scale: None,
+                    cursor: false,
+                };
+                let result = only_result(client.actions(id, &batch).await?)?;
+                Ok(text(result.text.unwrap_or_default()))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Put text on the desktop's clipboard (CLIPBOARD and PRIMARY), as a copy in an application would, so a paste (ctrl+v, middle click) in the desktop inserts it; at most 32 KiB. The desktop must be running."
+    )]
+    async fn clipboard_set(
+        &self,
+        Parameters(a): Parameters<ClipboardSetArgs>,
+        extensions: Extensions,
+    ) -> Outcome {
+        answer(
+            async {
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
+                let bytes = a.text.len();
+                let batch = ActionBatch {
+                    actions: vec![Action::ClipboardSet { text: a.text }],
+                    scale: None,
+                    cursor: false,
+                };
+                only_result(client.actions(id, &batch).await?)?;
+                Ok(text(format!("the clipboard holds {bytes} bytes")))
             }
             .await,
         )

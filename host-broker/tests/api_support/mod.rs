@@ -453,6 +453,7 @@ fn scripted_actions(batch: &ActionBatch) -> (Response, Vec<u8>) {
     let mut answer = GuestActionResults {
         results: Vec::new(),
         image_lens: Vec::new(),
+        text_lens: Vec::new(),
     };
     let mut payload = Vec::new();
     for action in &batch.actions {

@@ -256,6 +256,7 @@ fn scripted_actions(batch: &dormouse_protocol::actions::ActionBatch) -> (Respons
     let mut answer = GuestActionResults {
         results: vec![],
         image_lens: vec![],
+        text_lens: vec![],
     };
     let mut payload = Vec::new();
     for action in &batch.actions {

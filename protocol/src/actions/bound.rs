@@ -22,11 +22,15 @@ pub const TEXT_BYTE_ALLOWANCE: Duration = Duration::from_millis(5);
 /// supervisor waits for the focused client after sending keys (100 ms for a
 /// client it cannot ping), twice.
 pub const KEY_ACTION_ALLOWANCE: Duration = Duration::from_millis(200);
+/// Granted per `clipboard_get` or `clipboard_set`: the supervisor gives each
+/// xclip it runs 5 s, and `clipboard_set` runs two (CLIPBOARD, PRIMARY).
+pub const CLIPBOARD_ALLOWANCE: Duration = Duration::from_secs(10);
 
 /// The longest one batch may run on the display once it has its turn: the
 /// base, the durations of its `wait` and `hold_key` actions (as validation
-/// bounds them), the key work of its text actions, and `per_image` for each
-/// `screenshot` or `zoom`. The supervisor's hang guard; a batch that breaks
+/// bounds them), the key work of its text actions, [`CLIPBOARD_ALLOWANCE`]
+/// for each clipboard action, and `per_image` for each `screenshot` or
+/// `zoom`. The supervisor's hang guard; a batch that breaks
 /// it is ended and answered `timeout`.
 pub fn run_bound(batch: &ActionBatch, per_image: Duration) -> Duration {
     let mut durations = 0.0;
@@ -45,6 +49,9 @@ pub fn run_bound(batch: &ActionBatch, per_image: Duration) -> Duration {
             }
             Action::Screenshot { .. } | Action::Zoom { .. } => {
                 bound = bound.saturating_add(per_image);
+            }
+            Action::ClipboardGet {} | Action::ClipboardSet { .. } => {
+                bound = bound.saturating_add(CLIPBOARD_ALLOWANCE);
             }
             _ => {}
         }

@@ -24,3 +24,10 @@ pub const MAX_SCROLL_AMOUNT: u32 = 100;
 pub const MAX_KEYS: usize = 16;
 /// Largest width or height of `scale` (and of any screen this code maps).
 pub const MAX_SIDE: u32 = 16_384;
+/// Longest clipboard text of `clipboard_set` and `clipboard_get`, in bytes
+/// of UTF-8: a batch and its answer each travel as one guest-socket message
+/// ([`crate::MAX_HEADER_LEN`]), whose JSON may escape a byte as six.
+pub const MAX_CLIPBOARD_BYTES: usize = 32 * 1024;
+/// Most `clipboard_get` actions of one batch (their texts share the answer's
+/// message).
+pub const MAX_CLIPBOARD_GETS: usize = 1;

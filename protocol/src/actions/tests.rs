@@ -444,6 +444,7 @@ fn guest_images_come_from_the_payload_in_order() {
             shot(ActionName::Zoom),
         ],
         image_lens: vec![3, 1],
+        text_lens: vec![],
     };
     let api = guest.clone().into_api(b"foof").expect("matches");
     let data: Vec<_> = api
@@ -505,5 +506,102 @@ fn the_time_bound_counts_every_key_action_and_image() {
             + KEY_ACTION_ALLOWANCE
             + Duration::from_millis(1500)
             + per_image
+    );
+}
+
+#[test]
+fn clipboard_actions_parse_and_are_bounded() {
+    let b = batch(json!({"actions": [
+        {"action": "clipboard_set", "text": "Grüße ✓"},
+        {"action": "clipboard_get"}]}));
+    assert_eq!(
+        b.actions,
+        vec![
+            Action::ClipboardSet {
+                text: "Grüße ✓".into()
+            },
+            Action::ClipboardGet {}
+        ]
+    );
+    assert_eq!(b.actions[0].name().as_str(), "clipboard_set");
+    assert_eq!(b.actions[1].name().as_str(), "clipboard_get");
+    assert!(validate(&b, Some(SCREEN)).is_ok());
+    // Control characters and newlines are clipboard text like any other.
+    let b = batch(json!({"actions": [{"action": "clipboard_set", "text": "a\u{0}\n\t"}]}));
+    assert!(validate(&b, None).is_ok());
+    let long = "x".repeat(MAX_CLIPBOARD_BYTES + 1);
+    let b = batch(json!({"actions": [{"action": "clipboard_set", "text": long}]}));
+    assert!(matches!(
+        validate(&b, None),
+        Err(BatchError::Action {
+            field: "text",
+            problem: Problem::ClipboardTooLong(n),
+            ..
+        }) if n == MAX_CLIPBOARD_BYTES + 1
+    ));
+    let b = batch(json!({"actions": [{"action": "clipboard_get"}, {"action": "clipboard_get"}]}));
+    assert_eq!(validate(&b, None), Err(BatchError::TooManyClipboardGets(2)));
+    // Sets count toward the batch's text.
+    let piece = "y".repeat(MAX_CLIPBOARD_BYTES);
+    let sets: Vec<_> = (0..4)
+        .map(|_| json!({"action": "clipboard_set", "text": piece}))
+        .collect();
+    let b = batch(json!({ "actions": sets }));
+    assert_eq!(
+        validate(&b, None),
+        Err(BatchError::TooMuchText(4 * MAX_CLIPBOARD_BYTES))
+    );
+    assert!(
+        serde_json::from_value::<ActionBatch>(
+            json!({"actions": [{"action": "clipboard_get", "text": "x"}]})
+        )
+        .is_err(),
+        "clipboard_get takes no field"
+    );
+    // Each clipboard action is granted its xclip time in the shared bound.
+    let b = batch(json!({"actions": [{"action": "clipboard_get"}]}));
+    assert_eq!(
+        run_bound(&b, Duration::ZERO),
+        RUN_BOUND_BASE + CLIPBOARD_ALLOWANCE
+    );
+    // The worst-case answer fits one guest message, escaped six to one.
+    assert!(6 * MAX_CLIPBOARD_BYTES * MAX_CLIPBOARD_GETS < crate::MAX_HEADER_LEN as usize / 2 * 2);
+}
+
+#[test]
+fn guest_clipboard_texts_come_from_the_payload_after_the_images() {
+    let shot = ActionResult {
+        image: Some(ActionImage {
+            media_type: "image/png".into(),
+            data: String::new(),
+        }),
+        size: Some([1, 1]),
+        ..ActionResult::ok(ActionName::Screenshot)
+    };
+    let answer = GuestActionResults {
+        results: vec![
+            ActionResult::ok(ActionName::ClipboardSet),
+            shot,
+            ActionResult::ok(ActionName::ClipboardGet),
+        ],
+        image_lens: vec![3],
+        text_lens: vec![5],
+    };
+    // Control characters survive: the payload is bytes, never tamed.
+    let api = answer.clone().into_api(b"PNGa\nb\x1b\xff").unwrap();
+    assert_eq!(api.results[1].image.as_ref().unwrap().data, base64(b"PNG"));
+    assert_eq!(api.results[2].text.as_deref(), Some("a\nb\u{1b}\u{fffd}"));
+    assert_eq!(api.results[0].text, None);
+    let json = serde_json::to_value(&api.results[2]).unwrap();
+    assert_eq!(
+        json,
+        json!({"action": "clipboard_get", "ok": true, "text": "a\nb\u{1b}\u{fffd}"})
+    );
+    assert!(answer.clone().into_api(b"PNGa\nb\x1b").is_err(), "short");
+    let mut missing = answer;
+    missing.text_lens.clear();
+    assert!(
+        missing.into_api(b"PNG").is_err(),
+        "a text without its length"
     );
 }

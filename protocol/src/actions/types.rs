@@ -208,6 +208,15 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quality: Option<u8>,
     },
+    /// Answer the text of the desktop's CLIPBOARD selection (empty when
+    /// nobody owns it), at most [`super::MAX_CLIPBOARD_BYTES`].
+    ClipboardGet {},
+    /// Make the desktop own CLIPBOARD and PRIMARY with `text`, as a copy in
+    /// an application would.
+    ClipboardSet {
+        /// The text, at most [`super::MAX_CLIPBOARD_BYTES`] of UTF-8.
+        text: String,
+    },
 }
 
 /// The name of an action, as on the wire.
@@ -232,6 +241,8 @@ pub enum ActionName {
     Wait,
     Screenshot,
     Zoom,
+    ClipboardGet,
+    ClipboardSet,
 }
 
 impl ActionName {
@@ -255,6 +266,8 @@ impl ActionName {
             Self::Wait => "wait",
             Self::Screenshot => "screenshot",
             Self::Zoom => "zoom",
+            Self::ClipboardGet => "clipboard_get",
+            Self::ClipboardSet => "clipboard_set",
         }
     }
 }
@@ -286,6 +299,8 @@ impl Action {
             Self::Wait { .. } => ActionName::Wait,
             Self::Screenshot { .. } => ActionName::Screenshot,
             Self::Zoom { .. } => ActionName::Zoom,
+            Self::ClipboardGet {} => ActionName::ClipboardGet,
+            Self::ClipboardSet { .. } => ActionName::ClipboardSet,
         }
     }
 
@@ -367,6 +382,10 @@ pub struct ActionResult {
     /// `screenshot`, `zoom`: the image's size `[width, height]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<[u32; 2]>,
+    /// `clipboard_get`: the clipboard's text (in a guest's answer it is in
+    /// the payload instead, [`GuestActionResults::text_lens`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
     /// When `ok` is false: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ActionErrorBody>,
@@ -412,6 +431,7 @@ impl ActionResult {
             coordinate: None,
             image: None,
             size: None,
+            text: None,
             error: None,
             openai_index: None,
             output: None,
@@ -447,16 +467,23 @@ pub struct GuestActionResults {
     pub results: Vec<ActionResult>,
     /// Length of each image in the payload.
     pub image_lens: Vec<u64>,
+    /// Length of each `clipboard_get` text in the payload, after the
+    /// images, in result order: clipboard text travels as bytes, since
+    /// every string of a guest's message is escaped and cut on arrival.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub text_lens: Vec<u64>,
 }
 
 /// A guest answer whose images do not match its payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the answer names {images} images of {named} bytes in all; the payload has {payload} bytes"
+    "the answer names {images} images and {texts} texts of {named} bytes in all; the payload has {payload} bytes"
 )]
 pub struct PayloadMismatch {
     /// Results carrying an image.
     pub images: usize,
+    /// Successful `clipboard_get` results.
+    pub texts: usize,
     /// Sum of `image_lens` (saturating).
     pub named: u64,
     /// Bytes in the payload.
@@ -465,20 +492,29 @@ pub struct PayloadMismatch {
 
 impl GuestActionResults {
     /// The API answer: each image's bytes from `payload`, base64-encoded
-    /// into its `data`. Every image result must have its length and the
-    /// lengths must add up to the payload exactly.
+    /// into its `data`, then each successful `clipboard_get`'s text into
+    /// its `text` (invalid UTF-8 replaced). Every image result and every
+    /// such text must have its length and the lengths must add up to the
+    /// payload exactly.
     pub fn into_api(self, payload: &[u8]) -> Result<ActionResults, PayloadMismatch> {
         let images = self.results.iter().filter(|r| r.image.is_some()).count();
+        let reads_text = |r: &ActionResult| r.action == ActionName::ClipboardGet && r.ok;
+        let texts = self.results.iter().filter(|r| reads_text(r)).count();
         let named = self
             .image_lens
             .iter()
+            .chain(&self.text_lens)
             .fold(0u64, |a, b| a.saturating_add(*b));
         let mismatch = PayloadMismatch {
             images,
+            texts,
             named,
             payload: payload.len(),
         };
-        if images != self.image_lens.len() || u64::try_from(payload.len()).ok() != Some(named) {
+        if images != self.image_lens.len()
+            || texts != self.text_lens.len()
+            || u64::try_from(payload.len()).ok() != Some(named)
+        {
             return Err(mismatch);
         }
         let mut rest = payload;
@@ -491,6 +527,16 @@ impl GuestActionResults {
                 .ok_or_else(|| mismatch.clone())?;
             let (bytes, tail) = rest.split_at_checked(len).ok_or_else(|| mismatch.clone())?;
             image.data = base64(bytes);
+            rest = tail;
+        }
+        let mut lens = self.text_lens.iter();
+        for result in results.iter_mut().filter(|r| reads_text(r)) {
+            let len = lens
+                .next()
+                .and_then(|l| usize::try_from(*l).ok())
+                .ok_or_else(|| mismatch.clone())?;
+            let (bytes, tail) = rest.split_at_checked(len).ok_or_else(|| mismatch.clone())?;
+            result.text = Some(String::from_utf8_lossy(bytes).into_owned());
             rest = tail;
         }
         Ok(ActionResults { results })

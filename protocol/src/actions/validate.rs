@@ -3,8 +3,9 @@
 
 use super::keysym;
 use super::limits::{
-    MAX_ACTIONS, MAX_BATCH_DURATION_SECS, MAX_BATCH_TEXT_BYTES, MAX_DURATION_SECS, MAX_IMAGES,
-    MAX_KEYS, MAX_SCROLL_AMOUNT, MAX_SIDE, MAX_TEXT_BYTES,
+    MAX_ACTIONS, MAX_BATCH_DURATION_SECS, MAX_BATCH_TEXT_BYTES, MAX_CLIPBOARD_BYTES,
+    MAX_CLIPBOARD_GETS, MAX_DURATION_SECS, MAX_IMAGES, MAX_KEYS, MAX_SCROLL_AMOUNT, MAX_SIDE,
+    MAX_TEXT_BYTES,
 };
 use super::scale::{Size, Space};
 use super::types::{Action, ActionBatch, ActionName, Coordinate};
@@ -36,6 +37,9 @@ pub enum BatchError {
     /// More than [`MAX_IMAGES`] `screenshot` and `zoom` actions.
     #[error("a batch takes at most {MAX_IMAGES} screenshots and zooms, this one {0}")]
     TooManyImages(usize),
+    /// More than [`MAX_CLIPBOARD_GETS`] `clipboard_get` actions.
+    #[error("a batch reads the clipboard at most {MAX_CLIPBOARD_GETS} times, this one {0}")]
+    TooManyClipboardGets(usize),
     /// One action is invalid.
     #[error("actions[{index}] ({action}): {field}: {problem}")]
     Action {
@@ -70,6 +74,9 @@ pub enum Problem {
     /// Longer than [`MAX_TEXT_BYTES`].
     #[error("{0} bytes of text, at most {MAX_TEXT_BYTES}")]
     TextTooLong(usize),
+    /// A clipboard text longer than [`MAX_CLIPBOARD_BYTES`].
+    #[error("{0} bytes of clipboard text, at most {MAX_CLIPBOARD_BYTES}")]
+    ClipboardTooLong(usize),
     /// A duration that is negative, not a number, or too long.
     #[error("duration {0} s is not within 0..={MAX_DURATION_SECS} s")]
     Duration(f64),
@@ -211,7 +218,7 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
         }
     };
     let mut total = 0.0;
-    let (mut text, mut images) = (0usize, 0usize);
+    let (mut text, mut images, mut clipboard_gets) = (0usize, 0usize, 0usize);
     for (index, action) in batch.actions.iter().enumerate() {
         let fail = |field: &'static str, problem: Problem| BatchError::Action {
             index,
@@ -225,10 +232,12 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
         match action {
             Action::Key { text: t }
             | Action::HoldKey { text: t, .. }
-            | Action::Type { text: t } => {
+            | Action::Type { text: t }
+            | Action::ClipboardSet { text: t } => {
                 text = text.saturating_add(t.len());
             }
             Action::Screenshot { .. } | Action::Zoom { .. } => images += 1,
+            Action::ClipboardGet {} => clipboard_gets += 1,
             _ => {}
         }
     }
@@ -240,6 +249,9 @@ pub fn validate(batch: &ActionBatch, screen: Option<Size>) -> Result<Space, Batc
     }
     if images > MAX_IMAGES {
         return Err(BatchError::TooManyImages(images));
+    }
+    if clipboard_gets > MAX_CLIPBOARD_GETS {
+        return Err(BatchError::TooManyClipboardGets(clipboard_gets));
     }
     Ok(space)
 }
@@ -300,6 +312,10 @@ fn check_action(action: &Action, space: Size) -> Result<(), (&'static str, Probl
             }
         }
         Action::Wait { duration: d } => duration(*d)?,
+        Action::ClipboardSet { text } if text.len() > MAX_CLIPBOARD_BYTES => {
+            return Err(("text", Problem::ClipboardTooLong(text.len())));
+        }
+        Action::ClipboardSet { .. } | Action::ClipboardGet {} => {}
         Action::MouseMove { coordinate, .. } => point("coordinate", coordinate)?,
         Action::LeftMouseDown { coordinate, .. }
         | Action::LeftMouseUp { coordinate, .. }

@@ -94,7 +94,9 @@ pub fn answer_bound(batch: &ActionBatch) -> Duration {
 /// action that ran, in order and of its name, every one but the last `ok`,
 /// fewer than the batch only when the last failed, images only where a
 /// `screenshot` or `zoom` succeeded, each of the format its action asked
-/// for, by its media type and by its bytes' signature.
+/// for, by its media type and by its bytes' signature, a clipboard text
+/// (in the payload, after the images) only where a `clipboard_get`
+/// succeeded, within its bound.
 fn fit(
     names: &[(ActionName, Option<ImageFormat>)],
     answer: GuestActionResults,
@@ -141,6 +143,10 @@ fn fit(
         if r.coordinate.is_some() != (*name == ActionName::CursorPosition && r.ok) {
             return bad(format!("result {i} has a coordinate where none belongs"));
         }
+        // A clipboard text travels in the payload, never in the header.
+        if r.text.is_some() {
+            return bad(format!("result {i} has a text in its header"));
+        }
     }
     if results.len() < names.len() && results[last].ok {
         return bad("the batch stopped without a failure".into());
@@ -156,6 +162,10 @@ fn fit(
             return bad(format!("an image that is not a {format}"));
         }
         rest = tail;
+    }
+    let most = u64::try_from(actions::MAX_CLIPBOARD_BYTES).unwrap_or(u64::MAX);
+    if answer.text_lens.iter().any(|l| *l > most) {
+        return bad("a clipboard text over its bound".into());
     }
     match answer.into_api(payload) {
         Ok(api) => Ok(api),

@@ -3,6 +3,8 @@
 //!
 //! - [`rfb`] parses what a viewer sends and keeps a view capability's input
 //!   away from the desktop;
+//! - [`rfb_server`] parses what the desktop sends a view capability and
+//!   keeps the desktop's clipboard away from it;
 //! - [`relay`] moves the bytes, bounded, and closes on revocation.
 //!
 //! The capabilities themselves and the admission seam are the core's
@@ -12,6 +14,7 @@
 
 pub mod relay;
 pub mod rfb;
+pub mod rfb_server;
 
 use std::sync::Arc;
 
@@ -20,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use relay::{RelayEnd, RelayLimits};
 pub use rfb::{RfbFilter, RfbViolation};
+pub use rfb_server::{RfbServerFilter, RfbServerViolation};
 
 /// The gateway's state: the registry, the seam to the core, the bounds.
 /// Cheap to clone.

@@ -1,5 +1,7 @@
 //! The relay of one viewer: WebSocket binary messages to and from a
-//! connected VNC socket, the client side through [`RfbFilter`].
+//! connected VNC socket, the client side through [`RfbFilter`] and, for a
+//! view capability, the server side through [`RfbServerFilter`] (a control
+//! connection's server side goes through as it is).
 //!
 //! It owns the connection's buffers and its end: revocation, expiry, a
 //! broker shutdown, a protocol violation, a viewer too slow to read, or the
@@ -17,8 +19,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use dormouse_protocol::screen::{
-    RevokeReason, ScreenMode, CLOSE_DESKTOP_GONE, CLOSE_PROTOCOL, CLOSE_TOO_SLOW,
-    MAX_SCREEN_CONNECTIONS,
+    RevokeReason, ScreenMode, CLOSE_DESKTOP_GONE, CLOSE_DESKTOP_PROTOCOL, CLOSE_PROTOCOL,
+    CLOSE_TOO_SLOW, MAX_SCREEN_CONNECTIONS,
 };
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -30,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::rfb::{RfbFilter, RfbViolation, MAX_CUT_TEXT};
+use super::rfb_server::{RfbServerFilter, RfbServerViolation};
 
 /// When, after a viewer's first whole-screen request, the gateway asks the
 /// server for the whole screen again (see [`upstream`]).
@@ -95,6 +98,8 @@ pub enum RelayEnd {
     Revoked(RevokeReason),
     /// The viewer sent RFB the filter refuses.
     Protocol(RfbViolation),
+    /// The desktop sent a view connection RFB the gateway cannot frame.
+    DesktopProtocol(RfbServerViolation),
     /// The viewer sent a text message (RFB is binary only).
     TextMessage,
     /// A send to the viewer took longer than [`RelayLimits::send_stall`].
@@ -113,6 +118,10 @@ impl RelayEnd {
             Self::Viewer => None,
             Self::Revoked(reason) => Some((reason.close_code(), reason.close_reason().to_owned())),
             Self::Protocol(v) => Some((CLOSE_PROTOCOL, format!("rfb refused: {v}"))),
+            Self::DesktopProtocol(v) => Some((
+                CLOSE_DESKTOP_PROTOCOL,
+                format!("the desktop's rfb refused: {v}"),
+            )),
             Self::TextMessage => Some((CLOSE_PROTOCOL, "rfb refused: text message".to_owned())),
             Self::TooSlow => Some((CLOSE_TOO_SLOW, "viewer too slow".to_owned())),
             Self::DesktopGone => {
@@ -137,6 +146,8 @@ pub struct RelayStats {
     pub to_desktop: u64,
     /// Input messages dropped (view mode).
     pub dropped_input: u64,
+    /// The desktop's clipboard messages dropped (view mode).
+    pub dropped_cut_text: u64,
 }
 
 /// Relays until something ends it; sends the close frame; returns why.
@@ -150,10 +161,24 @@ pub async fn relay(
     let (vnc_rd, vnc_wr) = vnc.into_split();
     let mut stats = RelayStats::default();
     let mut up_stats = RelayStats::default();
+    let filter = RfbFilter::new(session.mode);
+    // View: the desktop's side is framed, its clipboard cut out.
+    let mut server =
+        (session.mode == ScreenMode::View).then(|| RfbServerFilter::new(filter.negotiated()));
     let end = {
-        let up = pin!(upstream(ws_rx, vnc_wr, session.mode, &mut up_stats));
-        downstream(&mut ws_tx, vnc_rd, &mut session, limits, up, &mut stats).await
+        let up = pin!(upstream(ws_rx, vnc_wr, filter, &mut up_stats));
+        downstream(
+            &mut ws_tx,
+            vnc_rd,
+            &mut session,
+            limits,
+            up,
+            &mut server,
+            &mut stats,
+        )
+        .await
     };
+    stats.dropped_cut_text = server.as_ref().map_or(0, RfbServerFilter::dropped_cut_text);
     stats.to_desktop = up_stats.to_desktop;
     stats.dropped_input = up_stats.dropped_input;
     if let Some((code, reason)) = end.close_frame() {
@@ -195,12 +220,16 @@ async fn downstream<F>(
     session: &mut RelaySession,
     limits: RelayLimits,
     mut up: std::pin::Pin<&mut F>,
+    server: &mut Option<RfbServerFilter>,
     stats: &mut RelayStats,
 ) -> RelayEnd
 where
     F: std::future::Future<Output = RelayEnd>,
 {
     let mut buf = vec![0u8; limits.read_chunk.max(1)];
+    // What the server filter lets through of one read (at most one read).
+    let mut framed = Vec::new();
+    let mut from_desktop = 0u64;
     let mut ping = tokio::time::interval(limits.ping_every);
     ping.tick().await;
     let deadline = session.deadline;
@@ -217,13 +246,34 @@ where
                 Ok(0) | Err(_) => {
                     return match tokio::time::timeout(limits.gone_grace, until_revoked(revoked_rx)).await {
                         Ok(reason) => RelayEnd::Revoked(reason),
-                        Err(_) if stats.to_viewer == 0 => RelayEnd::DesktopRefused,
+                        Err(_) if from_desktop == 0 => RelayEnd::DesktopRefused,
                         Err(_) => RelayEnd::DesktopGone,
                     };
                 }
                 Ok(n) => {
-                    stats.to_viewer += n as u64;
-                    Message::Binary(Bytes::copy_from_slice(&buf[..n]))
+                    from_desktop += n as u64;
+                    let data = match server.as_mut() {
+                        None => &buf[..n],
+                        Some(filter) => {
+                            framed.clear();
+                            if let Err(v) = filter.feed(&buf[..n], &mut framed) {
+                                // What was framed before the fault still
+                                // goes (bounded), so the viewer has the
+                                // stream up to it, then the close.
+                                if !framed.is_empty() {
+                                    let last = Message::Binary(Bytes::copy_from_slice(&framed));
+                                    let _ = tokio::time::timeout(limits.send_stall, ws_tx.send(last)).await;
+                                }
+                                return RelayEnd::DesktopProtocol(v);
+                            }
+                            if framed.is_empty() {
+                                continue;
+                            }
+                            &framed[..]
+                        }
+                    };
+                    stats.to_viewer += data.len() as u64;
+                    Message::Binary(Bytes::copy_from_slice(data))
                 }
             },
             _ = ping.tick() => Message::Ping(Bytes::new()),
@@ -247,10 +297,9 @@ where
 async fn upstream(
     mut ws_rx: SplitStream<WebSocket>,
     mut vnc_wr: OwnedWriteHalf,
-    mode: ScreenMode,
+    mut filter: RfbFilter,
     stats: &mut RelayStats,
 ) -> RelayEnd {
-    let mut filter = RfbFilter::new(mode);
     let mut out = Vec::new();
     // x11vnc can answer the first whole-screen request of a connection with
     // a black buffer (but for the pointer it draws) and then only send what

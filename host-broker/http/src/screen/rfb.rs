@@ -10,8 +10,18 @@
 //! (not forwarded, the connection stays up; see docs/screens.md for why).
 //! Anything it does not understand ends the connection.
 //!
-//! The server-to-client direction is not parsed: it comes from the guest's
-//! VNC server and goes to the viewer as it is, bounded by the relay.
+//! For `view` it also rewrites `SetEncodings` to what
+//! [`super::rfb_server`] can frame without decompressing
+//! ([`VIEW_ENCODINGS`]), and refuses a pixel-format change once updates
+//! were asked for, so that the server's answers stay framed and its
+//! clipboard can be cut out of them. What it learnt of the connection (the
+//! version, the pixel size) it shares through [`Negotiated`].
+//!
+//! The server-to-client direction of a control connection is not parsed:
+//! it goes to the viewer as it is, bounded by the relay.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 use dormouse_protocol::screen::ScreenMode;
 
@@ -25,6 +35,40 @@ pub const MAX_SCREENS: u8 = 16;
 
 /// RFB security type None.
 const SECURITY_NONE: u8 = 1;
+
+/// The encodings a view connection may ask for, in the viewer's order: what
+/// [`super::rfb_server`] frames without decoding. Raw (0), CopyRect (1),
+/// Hextile (5, each tile's header gives its length), ZRLE (16,
+/// length-prefixed), and the pseudo-encodings DesktopSize (-223),
+/// LastRect (-224), Cursor (-239, its size computable), QEMU extended key
+/// events (-258, an empty rectangle), DesktopName (-307),
+/// ExtendedDesktopSize (-308), fences (-312) and continuous updates
+/// (-313). Everything else (Tight, TightPNG, RRE, the extended clipboard,
+/// xvp, VMware's cursor, quality levels) is removed from the list.
+pub const VIEW_ENCODINGS: [i32; 12] = [0, 1, 5, 16, -223, -224, -239, -258, -307, -308, -312, -313];
+
+/// What the client side of one connection negotiated, shared with the
+/// server side's parser. Written by [`RfbFilter`] before it forwards the
+/// message that decides it, so the server's answer always finds it set.
+#[derive(Debug, Default)]
+pub struct Negotiated {
+    /// The minor version the viewer chose (3, 7, 8); 0 until then.
+    minor: AtomicU8,
+    /// Bits per pixel of the viewer's last `SetPixelFormat`; 0 until one.
+    bits_per_pixel: AtomicU8,
+}
+
+impl Negotiated {
+    /// The minor version the viewer chose, once it did.
+    pub fn minor(&self) -> Option<u8> {
+        Some(self.minor.load(Ordering::Acquire)).filter(|m| *m != 0)
+    }
+
+    /// Bits per pixel the viewer asked for, if it sent `SetPixelFormat`.
+    pub fn bits_per_pixel(&self) -> Option<u8> {
+        Some(self.bits_per_pixel.load(Ordering::Acquire)).filter(|b| *b != 0)
+    }
+}
 
 /// Why the filter ends a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +100,10 @@ pub enum RfbViolation {
     /// A `ClientFence` payload over 64 bytes.
     #[error("fence payload of {0} bytes, at most 64")]
     FenceTooLong(u8),
+    /// A view connection's `SetPixelFormat` after it asked for updates: an
+    /// update in flight would be framed with the wrong pixel size.
+    #[error("pixel format changed after updates were asked for (view)")]
+    PixelFormatChange,
 }
 
 /// What the parser expects next.
@@ -84,6 +132,9 @@ pub struct RfbFilter {
     dropped: u64,
     /// The viewer's first whole-screen update request.
     first_full_request: FirstFullRequest,
+    /// Whether an update request (or continuous updates) was forwarded.
+    updates_asked: bool,
+    negotiated: Arc<Negotiated>,
 }
 
 /// Where the viewer's first non-incremental FramebufferUpdateRequest is.
@@ -113,7 +164,14 @@ impl RfbFilter {
             pending: Vec::with_capacity(64),
             dropped: 0,
             first_full_request: FirstFullRequest::NotSeen,
+            updates_asked: false,
+            negotiated: Arc::new(Negotiated::default()),
         }
+    }
+
+    /// What this connection negotiated, for the server side's parser.
+    pub fn negotiated(&self) -> Arc<Negotiated> {
+        Arc::clone(&self.negotiated)
     }
 
     /// The viewer's first non-incremental FramebufferUpdateRequest, once it
@@ -167,6 +225,7 @@ impl RfbFilter {
                     input = self.fill(input, 12);
                     if self.pending.len() == 12 {
                         let minor = parse_version(&self.pending)?;
+                        self.negotiated.minor.store(minor, Ordering::Release);
                         out.extend_from_slice(&self.pending);
                         self.pending.clear();
                         self.stage = if minor == 3 {
@@ -225,6 +284,14 @@ impl RfbFilter {
     }
 
     fn pass(&mut self, forward: bool, out: &mut Vec<u8>) {
+        if forward && self.mode == ScreenMode::View && self.pending.first() == Some(&2) {
+            rewrite_encodings(&self.pending, out);
+            self.pending.clear();
+            return;
+        }
+        if forward && matches!(self.pending.first(), Some(3 | 150)) {
+            self.updates_asked = true;
+        }
         if forward {
             if self.first_full_request == FirstFullRequest::NotSeen {
                 if let Ok(request) = <[u8; 10]>::try_from(self.pending.as_slice()) {
@@ -322,6 +389,10 @@ impl RfbFilter {
                 if !matches!(bpp, 8 | 16 | 32) {
                     return Err(RfbViolation::BadPixelFormat(bpp));
                 }
+                if !control && self.updates_asked {
+                    return Err(RfbViolation::PixelFormatChange);
+                }
+                self.negotiated.bits_per_pixel.store(bpp, Ordering::Release);
                 Parsed::Whole { forward: true }
             }
             2 | 3 | 150 => Parsed::Whole { forward: true },
@@ -350,8 +421,28 @@ impl RfbFilter {
     }
 }
 
+/// Appends `SetEncodings` (`message`, whole) with only the encodings of
+/// [`VIEW_ENCODINGS`] kept, in the viewer's order; the server falls back to
+/// Raw for whatever the viewer asked that is gone.
+fn rewrite_encodings(message: &[u8], out: &mut Vec<u8>) {
+    let kept: Vec<[u8; 4]> = message
+        .get(4..)
+        .unwrap_or_default()
+        .chunks_exact(4)
+        .filter_map(|c| <[u8; 4]>::try_from(c).ok())
+        .filter(|c| VIEW_ENCODINGS.contains(&i32::from_be_bytes(*c)))
+        .collect();
+    // At most the viewer's count (≤ MAX_ENCODINGS), so it fits a u16.
+    let count = u16::try_from(kept.len()).unwrap_or(0);
+    out.extend_from_slice(&[2, 0]);
+    out.extend_from_slice(&count.to_be_bytes());
+    for e in kept.iter().take(usize::from(count)) {
+        out.extend_from_slice(e);
+    }
+}
+
 /// The minor version of a well-formed `RFB 003.00x\n` the gateway speaks.
-fn parse_version(v: &[u8]) -> Result<u8, RfbViolation> {
+pub(super) fn parse_version(v: &[u8]) -> Result<u8, RfbViolation> {
     match v {
         b"RFB 003.003\n" => Ok(3),
         b"RFB 003.007\n" => Ok(7),
@@ -361,287 +452,5 @@ fn parse_version(v: &[u8]) -> Result<u8, RfbViolation> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn handshake() -> Vec<u8> {
-        let mut v = b"RFB 003.008\n".to_vec();
-        v.push(1); // security None
-        v.push(0); // ClientInit, exclusive (rewritten to shared)
-        v
-    }
-
-    fn set_encodings(list: &[i32]) -> Vec<u8> {
-        let mut v = vec![2, 0];
-        v.extend_from_slice(&u16::try_from(list.len()).unwrap().to_be_bytes());
-        for e in list {
-            v.extend_from_slice(&e.to_be_bytes());
-        }
-        v
-    }
-
-    fn key(down: bool, keysym: u32) -> Vec<u8> {
-        let mut v = vec![4, u8::from(down), 0, 0];
-        v.extend_from_slice(&keysym.to_be_bytes());
-        v
-    }
-
-    fn pointer(mask: u8, x: u16, y: u16) -> Vec<u8> {
-        let mut v = vec![5, mask];
-        v.extend_from_slice(&x.to_be_bytes());
-        v.extend_from_slice(&y.to_be_bytes());
-        v
-    }
-
-    fn cut_text(text: &[u8]) -> Vec<u8> {
-        let mut v = vec![6, 0, 0, 0];
-        v.extend_from_slice(&u32::try_from(text.len()).unwrap().to_be_bytes());
-        v.extend_from_slice(text);
-        v
-    }
-
-    fn update_request(incremental: bool) -> Vec<u8> {
-        let mut v = vec![3, u8::from(incremental)];
-        for n in [0u16, 0, 1280, 800] {
-            v.extend_from_slice(&n.to_be_bytes());
-        }
-        v
-    }
-
-    fn pixel_format(bpp: u8) -> Vec<u8> {
-        let mut v = vec![
-            0, 0, 0, 0, bpp, 24, 0, 1, 0, 255, 0, 255, 0, 255, 16, 8, 0, 0, 0, 0,
-        ];
-        v.truncate(20);
-        v
-    }
-
-    fn qemu_key() -> Vec<u8> {
-        vec![255, 0, 0, 1, 0, 0, 0, 0x61, 0, 0, 0, 30]
-    }
-
-    /// A session mixing every kind, with what view and control must forward.
-    fn session() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-        let mut all = handshake();
-        let mut view = b"RFB 003.008\n".to_vec();
-        view.extend_from_slice(&[1, 1]);
-        let mut control = view.clone();
-        let harmless = [
-            pixel_format(32),
-            set_encodings(&[0, 1, 5, 7, 16, -223, -224, -258, -313, -314, 0x574d5664]),
-            update_request(false),
-            vec![150, 1, 0, 0, 0, 0, 5, 0, 3, 32],
-            {
-                let mut f = vec![248, 0, 0, 0, 0, 0, 0, 3, 4];
-                f.extend_from_slice(b"abcd");
-                f
-            },
-            vec![255, 1, 0, 0],
-        ];
-        let input = [
-            key(true, 0x61),
-            key(false, 0x61),
-            pointer(1, 100, 200),
-            pointer(0, 100, 200),
-            cut_text(b"secret clipboard"),
-            qemu_key(),
-            // xvp version 1, shutdown.
-            vec![250, 0, 1, 2],
-            {
-                let mut d = vec![251, 0, 4, 0, 3, 0, 1, 0];
-                d.extend_from_slice(&[0u8; 16]);
-                d
-            },
-        ];
-        for (h, i) in harmless.iter().zip(input.iter()) {
-            all.extend_from_slice(h);
-            view.extend_from_slice(h);
-            control.extend_from_slice(h);
-            all.extend_from_slice(i);
-            control.extend_from_slice(i);
-        }
-        for i in &input[harmless.len()..] {
-            all.extend_from_slice(i);
-            control.extend_from_slice(i);
-        }
-        all.extend_from_slice(&update_request(true));
-        view.extend_from_slice(&update_request(true));
-        control.extend_from_slice(&update_request(true));
-        (all, view, control)
-    }
-
-    fn run(mode: ScreenMode, chunks: &[&[u8]]) -> Result<Vec<u8>, RfbViolation> {
-        let mut f = RfbFilter::new(mode);
-        let mut out = Vec::new();
-        for c in chunks {
-            f.feed(c, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    #[test]
-    fn the_first_whole_screen_request_is_handed_out_once_at_a_boundary() {
-        let mut filter = RfbFilter::new(ScreenMode::View);
-        let mut out = Vec::new();
-        let mut input = handshake();
-        input.extend_from_slice(&update_request(true));
-        filter.feed(&input, &mut out).unwrap();
-        assert_eq!(filter.take_first_full_request(), None, "incremental only");
-        let full = update_request(false);
-        filter.feed(&full[..4], &mut out).unwrap();
-        assert!(!filter.at_message_boundary(), "inside a message");
-        filter.feed(&full[4..], &mut out).unwrap();
-        assert!(filter.at_message_boundary());
-        assert_eq!(
-            filter.take_first_full_request().map(|r| r.to_vec()),
-            Some(full.clone())
-        );
-        filter.feed(&full, &mut out).unwrap();
-        assert_eq!(filter.take_first_full_request(), None, "handed out once");
-    }
-
-    #[test]
-    fn view_drops_input_and_control_forwards_it_over_any_chunking() {
-        let (all, view, control) = session();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
-        for round in 0..2000 {
-            let mut chunks = Vec::new();
-            let mut rest = all.as_slice();
-            while !rest.is_empty() {
-                let max = if round % 3 == 0 { 3 } else { 64 };
-                let n = rng.gen_range(1..=max).min(rest.len());
-                chunks.push(&rest[..n]);
-                rest = &rest[n..];
-            }
-            assert_eq!(
-                run(ScreenMode::View, &chunks).unwrap(),
-                view,
-                "round {round}"
-            );
-            assert_eq!(
-                run(ScreenMode::Control, &chunks).unwrap(),
-                control,
-                "round {round}"
-            );
-        }
-        let mut f = RfbFilter::new(ScreenMode::View);
-        f.feed(&all, &mut Vec::new()).unwrap();
-        assert_eq!(f.dropped(), 8);
-    }
-
-    #[test]
-    fn rfb_3_3_has_no_security_byte() {
-        let mut s = b"RFB 003.003\n".to_vec();
-        s.push(0);
-        s.extend_from_slice(&pointer(1, 1, 1));
-        s.extend_from_slice(&update_request(true));
-        let mut want = b"RFB 003.003\n".to_vec();
-        want.push(1);
-        want.extend_from_slice(&update_request(true));
-        assert_eq!(run(ScreenMode::View, &[&s]).unwrap(), want);
-    }
-
-    #[test]
-    fn malformed_handshakes_are_refused() {
-        for bad in [
-            &b"RFB 003.889\n"[..],
-            b"RFB 004.000\n",
-            b"GET / HTTP/1.1\r\n",
-            b"\0\0\0\0\0\0\0\0\0\0\0\0",
-        ] {
-            assert_eq!(
-                run(ScreenMode::Control, &[bad]),
-                Err(RfbViolation::BadVersion)
-            );
-        }
-        let mut s = b"RFB 003.008\n".to_vec();
-        s.push(2);
-        assert_eq!(
-            run(ScreenMode::Control, &[&s]),
-            Err(RfbViolation::BadSecurity(2))
-        );
-        // Nothing is forwarded before the version is whole and checked.
-        let mut f = RfbFilter::new(ScreenMode::Control);
-        let mut out = Vec::new();
-        f.feed(b"RFB 003.0", &mut out).unwrap();
-        assert!(out.is_empty());
-    }
-
-    #[test]
-    fn oversized_and_unknown_messages_end_the_connection() {
-        let h = handshake();
-        let mut enc = set_encodings(&[]);
-        enc[2..4].copy_from_slice(&(MAX_ENCODINGS + 1).to_be_bytes());
-        let mut cut = vec![6, 0, 0, 0];
-        cut.extend_from_slice(&(MAX_CUT_TEXT + 1).to_be_bytes());
-        let mut neg_cut = vec![6, 0, 0, 0];
-        neg_cut.extend_from_slice(&i32::MIN.to_be_bytes());
-        for (msg, want) in [
-            (enc, RfbViolation::TooManyEncodings(MAX_ENCODINGS + 1)),
-            (cut, RfbViolation::CutTextTooLong(MAX_CUT_TEXT + 1)),
-            (neg_cut, RfbViolation::CutTextTooLong(1 << 31)),
-            (vec![7], RfbViolation::UnknownMessage(7)),
-            // gii (252) has a length of its own; nothing noVNC sends.
-            (vec![252, 0, 0, 4], RfbViolation::UnknownMessage(252)),
-            (vec![255, 9], RfbViolation::UnknownQemu(9)),
-            (vec![255, 1, 0, 7], RfbViolation::UnknownQemu(7)),
-            (pixel_format(24), RfbViolation::BadPixelFormat(24)),
-            (
-                vec![248, 0, 0, 0, 0, 0, 0, 0, 65],
-                RfbViolation::FenceTooLong(65),
-            ),
-            (
-                vec![251, 0, 0, 1, 0, 1, 17, 0],
-                RfbViolation::TooManyScreens(17),
-            ),
-        ] {
-            for mode in [ScreenMode::View, ScreenMode::Control] {
-                assert_eq!(run(mode, &[&h, &msg]), Err(want.clone()));
-            }
-        }
-    }
-
-    #[test]
-    fn random_garbage_is_refused_quickly_and_bounded() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1986);
-        for _ in 0..500 {
-            let mut garbage = handshake();
-            let n = rng.gen_range(1..4096);
-            garbage.extend((0..n).map(|_| rng.gen::<u8>()));
-            let mut f = RfbFilter::new(ScreenMode::Control);
-            let mut out = Vec::new();
-            // Either an error, or whatever passed was parsed; never more
-            // than one message's fixed part held.
-            let _ = f.feed(&garbage, &mut out);
-            assert!(f.pending.len() <= 4 + 4 * usize::from(MAX_ENCODINGS));
-            assert!(out.len() <= garbage.len());
-        }
-        // 10 MiB of bytes: the first unknown type ends it.
-        let mut f = RfbFilter::new(ScreenMode::View);
-        let mut out = Vec::new();
-        f.feed(&handshake(), &mut out).unwrap();
-        let junk = vec![0xA5u8; 10 * 1024 * 1024];
-        assert_eq!(
-            f.feed(&junk, &mut out),
-            Err(RfbViolation::UnknownMessage(0xA5))
-        );
-    }
-
-    #[test]
-    fn view_drops_clipboard_text_streamed_in_pieces() {
-        let mut text = vec![b'x'; 300_000];
-        text[0] = b'A';
-        let mut s = handshake();
-        s.extend_from_slice(&cut_text(&text));
-        s.extend_from_slice(&update_request(true));
-        let chunks: Vec<&[u8]> = s.chunks(4093).collect();
-        let out = run(ScreenMode::View, &chunks).unwrap();
-        let mut want = b"RFB 003.008\n".to_vec();
-        want.extend_from_slice(&[1, 1]);
-        want.extend_from_slice(&update_request(true));
-        assert_eq!(out, want);
-        let out = run(ScreenMode::Control, &chunks).unwrap();
-        assert_eq!(out.len(), want.len() + 8 + text.len());
-    }
-}
+#[path = "rfb_tests.rs"]
+mod tests;

@@ -1,0 +1,155 @@
+//! The desktop's clipboard for the `clipboard_get` and `clipboard_set`
+//! actions, through `xclip` run as the desktop user on the desktop's
+//! display.
+//!
+//! Owns running xclip, bounded in time and in bytes. `set` feeds the text
+//! to `xclip -i` for CLIPBOARD and for PRIMARY: each forks a child that
+//! owns its selection and answers requests for it, and the parent exits,
+//! so the batch goes on at once; the child exits when another client takes
+//! the selection (the next `set`, a copy in an application), and is reaped
+//! as an orphan by [`crate::init`], so calls never pile up processes.
+//! `get` reads `xclip -o` up to [`MAX_CLIPBOARD_BYTES`]. Every process is
+//! spawned through [`crate::init::spawn`] and waited on without `waitpid`;
+//! one that outlives its bound is killed with its process group. It never
+//! logs the text.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dormouse_protocol::actions::MAX_CLIPBOARD_BYTES;
+use nix::sys::signal::Signal;
+
+use crate::config::Config;
+use crate::init::{self, OwnedChild};
+use crate::services::desktop_env;
+
+/// How long one xclip may take.
+pub const XCLIP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the clipboard could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ClipboardError {
+    /// xclip could not be started or fed.
+    #[error("xclip: {0}")]
+    Spawn(#[from] std::io::Error),
+    /// xclip did not finish within [`XCLIP_TIMEOUT`].
+    #[error("xclip did not finish within {0:?}")]
+    Timeout(Duration),
+    /// xclip failed (its status; stderr is not passed on, it may quote the
+    /// text).
+    #[error("xclip failed ({0})")]
+    Failed(String),
+    /// The selection holds more than [`MAX_CLIPBOARD_BYTES`].
+    #[error("the clipboard holds more than {MAX_CLIPBOARD_BYTES} bytes")]
+    TooLarge,
+}
+
+impl ClipboardError {
+    /// The action's error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::TooLarge => "clipboard_too_large",
+            Self::Timeout(_) => "timeout",
+            Self::Spawn(_) | Self::Failed(_) => "clipboard_failed",
+        }
+    }
+}
+
+fn xclip(config: &Config, args: &[&str]) -> Command {
+    let mut cmd = Command::new("xclip");
+    cmd.args(args)
+        .env_clear()
+        .envs(desktop_env(config))
+        .current_dir(&config.home)
+        .uid(config.uid)
+        .gid(config.gid)
+        // Its own group, so a timeout's kill reaches the forked owner too
+        // and a signal to the supervisor's group never reaches it.
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Waits (blocking, polling the reaper's answer) until `child` ended.
+fn wait(child: &mut OwnedChild, until: Instant) -> Result<init::ChildExit, ClipboardError> {
+    loop {
+        if let Some(exit) = child.exited() {
+            return Ok(exit);
+        }
+        if Instant::now() >= until {
+            child.signal_group(Signal::SIGKILL);
+            return Err(ClipboardError::Timeout(XCLIP_TIMEOUT));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Makes the desktop user's xclip own CLIPBOARD and PRIMARY with `text`.
+/// Blocking; at most [`XCLIP_TIMEOUT`] per selection.
+pub fn set(config: &Config, text: &str) -> Result<(), ClipboardError> {
+    for selection in ["clipboard", "primary"] {
+        let mut cmd = xclip(config, &["-selection", selection, "-i"]);
+        cmd.stdin(Stdio::piped());
+        let (mut owned, mut child) = init::spawn(&mut cmd)?;
+        let until = Instant::now() + XCLIP_TIMEOUT;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A pipe holds 64 KiB; more waits for xclip to read, which it
+            // does at once (a stuck one is killed below, ending the write).
+            let fed = stdin.write_all(text.as_bytes());
+            drop(stdin);
+            if let Err(e) = fed {
+                owned.signal_group(Signal::SIGKILL);
+                return Err(e.into());
+            }
+        }
+        let exit = wait(&mut owned, until)?;
+        if !exit.success() {
+            return Err(ClipboardError::Failed(exit.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// The text of CLIPBOARD, empty when nobody owns it. Blocking; at most
+/// [`XCLIP_TIMEOUT`].
+pub fn get(config: &Config) -> Result<String, ClipboardError> {
+    let mut cmd = xclip(config, &["-o", "-selection", "clipboard"]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let (mut owned, mut child) = init::spawn(&mut cmd)?;
+    let until = Instant::now() + XCLIP_TIMEOUT;
+    let Some(stdout) = child.stdout.take() else {
+        owned.signal_group(Signal::SIGKILL);
+        return Err(ClipboardError::Failed("no stdout".into()));
+    };
+    // Read on a thread of its own, so a stuck xclip is killed on time (the
+    // kill closes the pipe and ends the read).
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let limit = u64::try_from(MAX_CLIPBOARD_BYTES).unwrap_or(u64::MAX) + 1;
+        let read = stdout.take(limit).read_to_end(&mut bytes).map(|_| bytes);
+        let _ = tx.send(read);
+    });
+    let left = until.saturating_duration_since(Instant::now());
+    let bytes = match rx.recv_timeout(left) {
+        Ok(read) => read?,
+        Err(_) => {
+            owned.signal_group(Signal::SIGKILL);
+            return Err(ClipboardError::Timeout(XCLIP_TIMEOUT));
+        }
+    };
+    if bytes.len() > MAX_CLIPBOARD_BYTES {
+        owned.signal_group(Signal::SIGKILL);
+        return Err(ClipboardError::TooLarge);
+    }
+    let exit = wait(&mut owned, until)?;
+    // xclip exits 1 with nothing read when no client owns the selection.
+    if !exit.success() && !bytes.is_empty() {
+        return Err(ClipboardError::Failed(exit.to_string()));
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
