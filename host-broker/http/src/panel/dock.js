@@ -159,13 +159,7 @@
           filesBusy = false;
         }
       }
-      draw();
-      if (current === id) {
-        const said = filesText;
-        await loadFiles();
-        filesText = said;
-        draw();
-      }
+      await relist(id);
     }
 
     async function removeEntry(entry) {
@@ -180,13 +174,18 @@
       } catch (e) {
         filesText = "Delete failed: " + e.message;
       }
+      await relist(id);
+    }
+
+    /** After a change: shows what was said, lists the folder again (if
+     *  `id` is still the dock's desktop) and keeps saying it. */
+    async function relist(id) {
       draw();
-      if (current === id) {
-        const said = filesText;
-        await loadFiles();
-        filesText = said;
-        draw();
-      }
+      if (current !== id) return;
+      const said = filesText;
+      await loadFiles();
+      filesText = said;
+      draw();
     }
 
     async function newFolder() {
@@ -204,12 +203,7 @@
       } catch (e) {
         filesText = "New folder failed: " + e.message;
       }
-      if (current === id) {
-        const said = filesText;
-        await loadFiles();
-        filesText = said;
-      }
-      draw();
+      await relist(id);
     }
 
     function size(n) {
