@@ -14,7 +14,6 @@
 //! logs the text.
 
 use std::io::{Read as _, Write as _};
-use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -24,7 +23,7 @@ use nix::sys::signal::Signal;
 
 use crate::config::Config;
 use crate::init::{self, OwnedChild};
-use crate::services::desktop_env;
+use crate::services::desktop_command;
 
 /// How long one xclip may take.
 pub const XCLIP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,19 +57,11 @@ impl ClipboardError {
     }
 }
 
+/// xclip as the desktop user, in a process group of its own, so a
+/// timeout's kill reaches the forked owner too.
 fn xclip(config: &Config, args: &[&str]) -> Command {
-    let mut cmd = Command::new("xclip");
-    cmd.args(args)
-        .env_clear()
-        .envs(desktop_env(config))
-        .current_dir(&config.home)
-        .uid(config.uid)
-        .gid(config.gid)
-        // Its own group, so a timeout's kill reaches the forked owner too
-        // and a signal to the supervisor's group never reaches it.
-        .process_group(0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let mut cmd = desktop_command(config, "xclip");
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
     cmd
 }
 

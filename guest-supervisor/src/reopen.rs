@@ -18,9 +18,8 @@
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use crate::config::Config;
 use crate::init;
@@ -125,17 +124,10 @@ impl Relaunch {
             .as_deref()
             .filter(|d| d.is_dir())
             .unwrap_or(&config.home);
-        let mut cmd = Command::new(program);
+        let mut cmd = crate::services::desktop_command(config, program);
         cmd.args(args)
-            .env_clear()
-            .envs(crate::services::desktop_env(config))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(cwd)
-            // As in the service runner: setgroups(0), setgid, setuid before
-            // the exec, so nothing of root's stays with it.
-            .uid(config.uid)
-            .gid(config.gid)
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

@@ -17,8 +17,7 @@ pub mod readiness;
 pub mod restart;
 mod spec;
 
-use std::os::unix::process::CommandExt as _;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -450,19 +449,8 @@ async fn run_once(
     pid_tx: &watch::Sender<Option<u32>>,
 ) -> Attempt {
     let config = &ctx.config;
-    let mut cmd = Command::new(&spec.program);
+    let mut cmd = desktop_command(config, &spec.program);
     cmd.args(&spec.args)
-        .env_clear()
-        .envs(desktop_env(config))
-        .current_dir(&config.home)
-        // std drops supplementary groups (setgroups(0)) before setuid when
-        // running as root, then setgid/setuid: the process keeps no
-        // capability and no group of root.
-        .uid(config.uid)
-        .gid(config.gid)
-        // Its own group, so a stop reaches its helpers and a signal to the
-        // supervisor's group never reaches it.
-        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -160,6 +160,28 @@ pub fn desktop_services(config: &Config) -> Vec<ServiceSpec> {
     services
 }
 
+/// A program to run as the desktop user: the desktop's environment only,
+/// in the home, and in a process group of its own, so a stop or a kill
+/// reaches its helpers and a signal to the supervisor's group never
+/// reaches it. std drops supplementary groups (setgroups(0)) before
+/// setgid/setuid when running as root: the process keeps no capability
+/// and no group of root. Callers add arguments, stdio and a working
+/// directory of their own.
+pub fn desktop_command(
+    config: &Config,
+    program: impl AsRef<std::ffi::OsStr>,
+) -> std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new(program);
+    cmd.env_clear()
+        .envs(desktop_env(config))
+        .current_dir(&config.home)
+        .uid(config.uid)
+        .gid(config.gid)
+        .process_group(0);
+    cmd
+}
+
 /// The environment of every desktop process.
 pub fn desktop_env(config: &Config) -> Vec<(String, String)> {
     let lang = std::env::var("LANG").unwrap_or_else(|_| "C.UTF-8".into());

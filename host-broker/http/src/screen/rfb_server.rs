@@ -228,15 +228,7 @@ impl RfbServerFilter {
                 }
                 input = &input[take..];
                 let left = left - u64::try_from(take).unwrap_or(left);
-                self.stage = if left == 0 {
-                    self.after(then)
-                } else {
-                    Stage::Stream {
-                        left,
-                        forward,
-                        then,
-                    }
-                };
+                self.stage = self.stream(left, forward, then);
                 continue;
             }
             if self.stage == Stage::Closed {
