@@ -29,6 +29,7 @@ use crate::x_client::{self, XError};
 
 mod encoders;
 mod pointer;
+mod unchanged;
 
 pub use encoders::{is_too_large, BoundedVec, CountingWriter};
 use pointer::Overlay;
@@ -99,9 +100,15 @@ pub struct Screenshot {
     pub elapsed: Duration,
 }
 
+/// The socket's last whole screen while nothing is drawn ([`unchanged`]);
+/// only a capture holding [`CAPTURE_SLOT`] uses it.
+static UNCHANGED: std::sync::Mutex<unchanged::Unchanged> =
+    std::sync::Mutex::new(unchanged::Unchanged::new());
+
 /// Captures the whole screen of the configured display in `encoding`,
 /// bounded by `config.probe_timeout_ms` (waiting for another capture
-/// included).
+/// included). The image of the last call is answered again while nothing
+/// has been drawn since ([`unchanged`]).
 pub async fn capture(
     config: &Config,
     encoding: ImageEncoding,
@@ -117,16 +124,33 @@ pub async fn capture(
         encoding,
         ..CaptureSpec::default()
     };
-    let (stats, image) = x_client::with_display(config, remaining, move |conn, screen| {
+    let x_socket = config.x_socket_path();
+    let work = x_client::with_display(config, remaining, move |conn, screen| {
+        let mut unchanged = UNCHANGED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = unchanged.reuse(&x_socket, spec.encoding) {
+            return Ok(kept);
+        }
         // A noisy screen of the largest size could make an image bigger than
         // a frame may carry; stop there instead of growing without bound.
         let mut image = BoundedVec::new(
             usize::try_from(dormouse_protocol::MAX_PAYLOAD_LEN).unwrap_or(usize::MAX),
         );
         let stats = encode(conn, screen, &spec, &mut image).map_err(into_x_error)?;
-        Ok((stats, image.into_inner()))
-    })
-    .await?;
+        let image = image.into_inner();
+        unchanged.keep(spec.encoding, stats, &image);
+        Ok((stats, image))
+    });
+    // `with_display` ends its own connection at the bound, then waits for
+    // the work; the watch's connection is ended here at the same bound, so
+    // a display that stops answering cannot hold the work past it.
+    tokio::pin!(work);
+    let (stats, image) = tokio::select! {
+        done = &mut work => done?,
+        () = tokio::time::sleep(remaining) => {
+            unchanged::interrupt();
+            work.await?
+        }
+    };
     Ok(Screenshot {
         width: stats.width,
         height: stats.height,

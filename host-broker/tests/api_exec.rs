@@ -123,3 +123,44 @@ async fn the_exec_body_may_carry_megabytes_of_stdin() {
     .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
 }
+
+/// The terminal route is a WebSocket: a plain GET, or a handshake it
+/// cannot take (a WebSocket version other than 13), is answered in the
+/// API's own error shape (JSON, `websocket_required`), as `/v1/events` is,
+/// and opens nothing. Before, axum's plain-text rejection came back, a
+/// content type the OpenAPI document did not name.
+#[tokio::test]
+async fn a_terminal_request_that_is_no_websocket_gets_a_json_400() {
+    let h = Harness::new();
+    let id = h.add("desk", true);
+    let uri = format!("/v1/computers/{id}/exec/ws");
+    let plain = Request::get(&uri)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let old_version = Request::get(&uri)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header(header::SEC_WEBSOCKET_VERSION, "8")
+        .header(header::SEC_WEBSOCKET_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+        .body(Body::empty())
+        .unwrap();
+    for (request, what) in [(plain, "plain GET"), (old_version, "version 8")] {
+        let response = h.router().oneshot(request).await.unwrap();
+        let status = response.status();
+        let kind = response.headers()[header::CONTENT_TYPE].clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {v}");
+        assert_eq!(kind, "application/json", "{what}");
+        assert_eq!(code(&v), "websocket_required", "{what}: {v}");
+    }
+    assert!(
+        !h.calls()
+            .iter()
+            .any(|c| c.contains("terminal") || c.contains("pty")),
+        "a refused request reached the core: {:?}",
+        h.calls()
+    );
+}

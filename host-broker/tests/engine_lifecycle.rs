@@ -83,6 +83,7 @@ async fn the_docker_adapter_creates_hardened_containers_that_pass_the_resume_che
         spec: dormouse_broker::docker::spec::to_backend(&spec),
         workspace_from: None,
         egress: None,
+        wanted_running_since: None,
     };
 
     let image = engine.image(&image_id).await.unwrap().unwrap();
@@ -241,6 +242,7 @@ async fn a_changed_container_is_not_resumable_on_the_real_engine() {
         spec: dormouse_broker::docker::spec::to_backend(&spec),
         workspace_from: None,
         egress: None,
+        wanted_running_since: None,
     };
     let info = engine.inspect(&spec.name).await.unwrap().unwrap();
     let refusal = resume::check(record.origin(), Some(&info), Some(true)).unwrap_err();
@@ -358,6 +360,7 @@ async fn a_container_recreated_by_hand_with_weaker_isolation_is_refused_naming_t
             spec: dormouse_broker::docker::spec::to_backend(&spec),
             workspace_from: None,
             egress: None,
+            wanted_running_since: None,
         };
         let info = engine.inspect(&spec.name).await.unwrap().unwrap();
         let verdict = resume::check(record.origin(), Some(&info), Some(true));

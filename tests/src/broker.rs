@@ -80,6 +80,9 @@ pub struct BrokerProcess {
     token: String,
     data_dir: PathBuf,
     log_path: PathBuf,
+    /// Set on the broker's environment at its next start (`DORMOUSE_FAULT`
+    /// for the crash test's faulty binary).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     // Declared last: dropped after `Drop::drop` has removed the containers.
     root: TempDir,
@@ -132,6 +135,22 @@ pub fn memory_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// The CPU time process `pid` has used so far (user + system), in seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces and parentheses.
+    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    let utime: u64 = fields.get(11).context("utime")?.parse()?;
+    let stime: u64 = fields.get(12).context("stime")?.parse()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64);
+    Ok((utime + stime) as f64 / hz)
+}
+
 impl BrokerProcess {
     /// `result`, after printing the broker's log when it is an error.
     pub fn log_on_failure<T>(&self, result: Result<T>) -> Result<T> {
@@ -155,6 +174,7 @@ impl BrokerProcess {
             token: String::new(),
             data_dir,
             log_path,
+            env: Vec::new(),
             child: None,
             root,
         };
@@ -241,6 +261,34 @@ impl BrokerProcess {
         self.launch().await
     }
 
+    /// Which binary (and extra environment) the next [`Self::start_again`]
+    /// runs: the crash test swaps between `dormoused-faults` armed with a
+    /// fault and the plain `dormoused` on the same data directory.
+    pub fn use_binary(&mut self, binary: PathBuf, env: Vec<(String, String)>) {
+        self.binary = binary;
+        self.env = env;
+    }
+
+    /// Waits until the broker exits by itself (a crash), at most `timeout`;
+    /// `Ok(None)` if it still runs then.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(child) = self.child.as_mut() else {
+                bail!("dormoused is not running");
+            };
+            if let Some(status) = child.try_wait().context("waiting for dormoused")? {
+                self.child = None;
+                self.note(&format!("dormoused exited by itself: {status}"));
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// SIGKILL, then start again on the same data directory.
     pub async fn restart(&mut self) -> Result<()> {
         if self.child.is_some() {
@@ -304,6 +352,7 @@ impl BrokerProcess {
         // No labels of the harness's own: the broker runs as a user would
         // run it, and must tell its containers apart by its own labels.
         cmd.args(&self.options.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("DORMOUSE_E2E_BROKER_LOG")
@@ -454,7 +503,11 @@ fn containers_labelled(label: &str) -> Vec<String> {
 }
 
 /// Names of containers with the broker's label that mount something from
-/// under `data_dir`.
+/// under `data_dir`: every container of that broker's computers.
+pub fn containers_mounting(data_dir: &Path) -> Vec<String> {
+    labelled_containers_mounting(data_dir)
+}
+
 fn labelled_containers_mounting(data_dir: &Path) -> Vec<String> {
     let ids = containers_labelled(COMPUTER_LABEL);
     if ids.is_empty() {
@@ -500,12 +553,26 @@ fn free_loopback_addr() -> Result<SocketAddr> {
 pub fn broker_binary() -> Result<PathBuf> {
     static BINARY: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BINARY
-        .get_or_init(|| locate_or_build("dormoused").map_err(|e| format!("{e:#}")))
+        .get_or_init(|| locate_or_build("dormoused", None).map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(anyhow::Error::msg)
 }
 
-fn locate_or_build(name: &str) -> Result<PathBuf> {
+/// `dormoused-faults`, the broker with crash points (feature
+/// `fault-injection`), found or built like [`broker_binary`], in a cargo
+/// invocation of its own so the feature never reaches `dormoused`.
+pub fn faulty_broker_binary() -> Result<PathBuf> {
+    static BINARY: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            locate_or_build("dormoused-faults", Some("fault-injection"))
+                .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn locate_or_build(name: &str, feature: Option<&str>) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("DORMOUSE_BIN_DIR") {
         let path = PathBuf::from(dir).join(name);
         if !path.is_file() {
@@ -540,6 +607,9 @@ fn locate_or_build(name: &str) -> Result<PathBuf> {
     if release {
         cmd.arg("--release");
     }
+    if let Some(feature) = feature {
+        cmd.args(["--features", feature]);
+    }
     let status = cmd.status().context("running cargo build for dormoused")?;
     if !status.success() {
         bail!("cargo build -p dormouse-broker --bin {name} failed ({status})");
@@ -562,4 +632,22 @@ fn api_client(addr: SocketAddr, token: Option<&str>) -> ApiClient {
     builder
         .build()
         .expect("a client of a loopback address with a token read from its file always builds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cpu_time_grows_with_work() {
+        let before = cpu_seconds(std::process::id()).expect("own stat");
+        let started = std::time::Instant::now();
+        let mut x: u64 = 1;
+        while started.elapsed() < Duration::from_millis(200) {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+        }
+        let after = cpu_seconds(std::process::id()).expect("own stat");
+        // 200 ms of CPU is 20 ticks at USER_HZ 100; allow for a busy machine.
+        assert!(after > before, "cpu {before} -> {after}");
+    }
 }

@@ -261,3 +261,24 @@ pub async fn create_ready(
     api.wait_ready(events, created.id, timeout).await?;
     Ok(created.id)
 }
+
+/// `POST start`, retried while the broker still settles the last stop (409
+/// "… in progress" for a short while is fair; forever is not). Any other
+/// refusal is an answer.
+pub async fn start_retrying(api: &Client, id: Uuid) -> anyhow::Result<ComputerStatus> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match api.start(id).await {
+            Ok(status) => return Ok(status),
+            Err(ClientError::Api {
+                status, message, ..
+            }) if status == StatusCode::CONFLICT
+                && message.contains("in progress")
+                && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

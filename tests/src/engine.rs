@@ -38,6 +38,19 @@ pub async fn docker_ok(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// The image a harness runs on, as an image ID: `image` when given, else
+/// `$DORMOUSE_TEST_IMAGE`, else [`crate::DEFAULT_IMAGE`]; an error naming
+/// `scripts/build-image` when the engine has no such image.
+pub async fn resolve_image(image: Option<&str>) -> Result<String> {
+    let image = image
+        .map(str::to_owned)
+        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
+        .unwrap_or_else(|| crate::DEFAULT_IMAGE.to_owned());
+    docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
+        .await
+        .with_context(|| format!("image {image} (run scripts/build-image)"))
+}
+
 /// What `docker inspect` says of one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerFacts {

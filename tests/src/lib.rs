@@ -18,6 +18,7 @@ pub mod browser;
 pub mod client;
 pub mod desk;
 pub mod engine;
+pub mod frames;
 pub mod guest;
 pub mod hostile;
 pub mod latency;
@@ -90,6 +91,87 @@ pub fn unique_name(prefix: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// How a harness was asked to stop before its work was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Termination {
+    /// Ctrl-C (SIGINT).
+    Interrupted,
+    /// SIGTERM.
+    Terminated,
+}
+
+impl Termination {
+    /// The exit status a shell gives for the signal (128 + its number).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::Interrupted => 130,
+            Self::Terminated => 143,
+        }
+    }
+}
+
+impl std::fmt::Display for Termination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Interrupted => "interrupted (SIGINT)",
+            Self::Terminated => "terminated (SIGTERM)",
+        })
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM; an error when the handlers cannot be
+/// installed. A harness races its run against it in `tokio::select!`:
+/// dropping the run drops its fixtures, which remove what it made.
+pub async fn termination() -> std::io::Result<Termination> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted.map(|()| Termination::Interrupted),
+        _ = term.recv() => Ok(Termination::Terminated),
+    }
+}
+
+/// Runs a benchmark's `run` to its end or to Ctrl-C or SIGTERM, whichever
+/// comes first, and gives the process's exit status; errors and signals are
+/// printed under `name`. Dropping `run` on a signal drops its fixtures,
+/// which remove what it made.
+pub async fn run_to_end_or_signal(
+    name: &str,
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    tokio::select! {
+        result = run => match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name}: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        how = termination() => match how {
+            Ok(how) => {
+                eprintln!("{name}: {how}; removing its desktops");
+                ExitCode::from(how.exit_code())
+            }
+            Err(e) => {
+                eprintln!("{name}: cannot watch the signals: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// The seed given, else the Unix time in seconds (a harness prints it, so
+/// the run can be repeated).
+pub fn seed_or_now(seed: Option<u64>) -> u64 {
+    seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    })
 }
 
 /// Runs `docker` with these arguments.
@@ -171,5 +253,19 @@ pub fn remove_stray_containers(prefix: &str) {
     ]);
     for id in ids.lines().filter(|l| !l.is_empty()) {
         let _ = docker(&["rm", "-f", "-v", id]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_seed_is_kept_and_signals_exit_as_a_shell_says() {
+        assert_eq!(seed_or_now(Some(7)), 7);
+        assert!(seed_or_now(None) > 1_700_000_000);
+        assert_eq!(Termination::Interrupted.exit_code(), 130);
+        assert_eq!(Termination::Terminated.exit_code(), 143);
+        assert_eq!(Termination::Terminated.to_string(), "terminated (SIGTERM)");
     }
 }

@@ -176,6 +176,12 @@ fn decode_png(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>, usize)> {
     Ok((info.width, info.height, buf, channels))
 }
 
+/// Whether `lit` pixels are at most what a pointer drawn on a black screen
+/// lights (a cursor image is at most 64x64, 1 % of the screen here).
+fn only_the_pointer(lit: usize) -> bool {
+    lit <= usize::from(WIDTH) * usize::from(HEIGHT) / 100
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_screen_through_the_real_broker() -> Result<()> {
     with_broker("live_screen_through_the_real_broker", scenario).await
@@ -206,10 +212,10 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     let guest = Guest::for_computer(id);
 
     // ---- pixels: the gateway's framebuffer is the API's screenshot --------
-    // First the desktop's own background (the supervisor paints the root
-    // once the window manager is up; a ready desktop under load has been
-    // seen black for a moment), so the comparison below is not black to
-    // black.
+    // First something on the screen besides the pointer (the taskbar alone
+    // is 4 % of it), so the comparison below is not black to black. The
+    // root's colour is not waited for: it is cosmetic, and once in CI a
+    // ready desktop's root stayed black beside its taskbar for 10 s.
     let painted = Instant::now();
     loop {
         let (_, _, rgb, channels) = decode_png(&api.screenshot(id).await?)?;
@@ -217,7 +223,7 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
             .chunks(channels)
             .filter(|p| p[0] | p[1] | p[2] != 0)
             .count();
-        if lit > usize::from(WIDTH) * usize::from(HEIGHT) / 10 {
+        if !only_the_pointer(lit) {
             break;
         }
         ensure!(
@@ -233,10 +239,8 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     // started) can answer the first request with its black buffer, where
     // only the pointer it draws itself is lit; the screen's content follows
     // in the next whole update.
-    let mostly_black = |fb: &[u8]| {
-        let lit = fb.chunks(4).filter(|p| p[0] | p[1] | p[2] != 0).count();
-        lit <= usize::from(WIDTH) * usize::from(HEIGHT) / 10
-    };
+    let mostly_black =
+        |fb: &[u8]| only_the_pointer(fb.chunks(4).filter(|p| p[0] | p[1] | p[2] != 0).count());
     let mut fb = framebuffer(&mut v).await?;
     let mut requests = 1;
     while mostly_black(&fb) && opened.elapsed() < Duration::from_secs(3) {
@@ -274,8 +278,8 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     );
     let lit = fb.chunks(4).filter(|p| p[0] | p[1] | p[2] != 0).count();
     ensure!(
-        lit > total / 10,
-        "the framebuffer is mostly black ({lit} lit pixels)"
+        !only_the_pointer(lit),
+        "the framebuffer is black but for the pointer ({lit} lit pixels)"
     );
 
     // ---- a view capability's input never reaches the desktop --------------

@@ -166,8 +166,16 @@ pub fn parse(head: &[u8]) -> Result<ProxyRequest, HeadError> {
             upstream_head: Vec::new(),
         });
     }
-    if method == "TRACE" {
+    if method.eq_ignore_ascii_case("TRACE") {
         return Err(HeadError::new(405, "TRACE is not carried"));
+    }
+    // Methods are case-sensitive, but some servers read `connect` as
+    // CONNECT: as plain HTTP it is not carried (the broker refuses it too).
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return Err(HeadError::new(
+            405,
+            "a CONNECT is spelled in capitals; any other spelling is not carried",
+        ));
     }
     let Some(rest) = strip_prefix_ignore_case(target, "http://") else {
         let why = if target.starts_with('/') {

@@ -43,11 +43,14 @@
 //! reading another user's `/proc/<pid>/environ` needs `CAP_SYS_PTRACE`,
 //! which the supervisor does not have.
 //!
-//! Limits: processes that other programs start on the exec's behalf (a
-//! running browser opening a window, D-Bus activation) are not its
-//! descendants and not tagged; they belong to those programs. A process
-//! that regains privileges could drop the tag; inside the container nothing
-//! can. The tag range must not be used by any group of the image.
+//! Limits: processes that other, already running programs start on the
+//! exec's behalf are not its descendants and not tagged; they belong to
+//! those programs and outlive the exec: a window manager's key binding or
+//! menu entry (openbox runs it as its own child), D-Bus activation, a
+//! running browser opening a window. `tests/tests/exec_boundary.rs` pins
+//! that boundary on a real desktop. A process that regains privileges
+//! could drop the tag; inside the container nothing can. The tag range must
+//! not be used by any group of the image.
 //!
 //! # Kill and confirmation
 //!

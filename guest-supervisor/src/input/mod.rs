@@ -87,10 +87,12 @@ pub enum ExecuteError {
 
 impl ExecuteError {
     /// The error code for the guest's answer: `invalid_actions` (refused,
-    /// nothing ran) or `x_error`.
+    /// nothing ran), `timeout` (the batch broke its hang guard,
+    /// [`batch_bound`]) or `x_error`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Invalid(_) => BatchError::CODE,
+            Self::X(XError::Timeout(_)) => "timeout",
             Self::X(_) => "x_error",
         }
     }
@@ -517,6 +519,14 @@ mod tests {
         // The shared bound grants each key action two settles of the
         // default options; a longer settle here would outgrow it.
         assert!(InputOptions::default().settle * 2 <= actions::KEY_ACTION_ALLOWANCE);
+    }
+
+    #[test]
+    fn a_batch_past_its_hang_guard_is_a_timeout_not_an_x_error() {
+        let late = ExecuteError::X(XError::Timeout(Duration::from_secs(10)));
+        assert_eq!(late.code(), "timeout");
+        let refused = ExecuteError::X(XError::Unexpected("no root".into()));
+        assert_eq!(refused.code(), "x_error");
     }
 
     #[test]

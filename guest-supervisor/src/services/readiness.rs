@@ -244,7 +244,8 @@ pub fn band_below(area: &[u32], screen_height: u32) -> Option<u32> {
 
 /// Gives the bare desktop a calm solid colour instead of X's black, so a
 /// person looking at a preview can tell a live, empty desktop from a dead
-/// screen. Cosmetic: a failure is logged and ignored.
+/// screen. Cosmetic: a failure is logged as a warning (a black desktop's
+/// log then says why) and ignored.
 fn paint_root_background(conn: &RustConnection, root: u32) {
     const DESKTOP_RGB: u32 = 0x3b_5b_7a;
     let Ok(screen) = x_client::screen(conn, 0) else {
@@ -264,7 +265,7 @@ fn paint_root_background(conn: &RustConnection, root: u32) {
         Ok(())
     })();
     if let Err(e) = painted {
-        tracing::debug!(target: "service", "root background not painted: {e}");
+        tracing::warn!(target: "service", "root background not painted: {e}");
     }
 }
 

@@ -181,6 +181,12 @@ impl Client {
             .map(drop)
     }
 
+    /// `GET /healthz` as its text: `ok`, the engine, and whether the
+    /// engine answers (see the API reference).
+    pub async fn health(&self) -> Result<String, Error> {
+        self.call_text(Method::GET, "/healthz").await
+    }
+
     /// `GET /healthz`, as a yes or no.
     pub async fn healthy(&self) -> bool {
         self.healthz().await.is_ok()

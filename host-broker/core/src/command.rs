@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::activity::ActivityLog;
+use crate::availability::{AvailabilityCell, EngineAvailability};
 use crate::config::WorkspaceLimits;
 use crate::error::BrokerError;
 use crate::guest::{GuestSocket, QuiesceHold};
@@ -97,6 +98,7 @@ pub struct BrokerHandle {
     screens: ScreenRegistry,
     egress: dormouse_egress::Policies,
     activity: ActivityLog,
+    engine: AvailabilityCell,
 }
 
 impl BrokerHandle {
@@ -108,7 +110,20 @@ impl BrokerHandle {
             events,
             screens: ScreenRegistry::new(),
             egress: dormouse_egress::Policies::default(),
+            engine: AvailabilityCell::default(),
         }
+    }
+
+    /// The same handle over the owner's view of the engine's availability.
+    pub fn with_engine(mut self, engine: AvailabilityCell) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// Whether the container engine answers, as the owner last learnt it
+    /// (read without asking the owner task).
+    pub fn engine_availability(&self) -> EngineAvailability {
+        self.engine.get()
     }
 
     /// The same handle over the owner's activity records.

@@ -7,6 +7,18 @@ use std::time::Duration;
 /// How often desktops believed running are observed afresh by default.
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Which desktops the broker starts again after its start-up reconcile
+/// (`dormoused --resume-after-restart`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResumeAfterRestart {
+    /// Those found stopped that were wanted running: they went down with
+    /// the host (or the engine) while no broker watched.
+    #[default]
+    Running,
+    /// None: every desktop stays as the reconcile found it.
+    None,
+}
+
 /// Resource limits every desktop container gets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResourceLimits {
@@ -70,6 +82,10 @@ pub struct BrokerConfig {
     /// The egress mode of a desktop created without a policy (and of a
     /// record older than egress): `dormoused --egress-default`.
     pub egress_default: dormouse_protocol::egress_policy::EgressMode,
+    /// Which desktops are started again after the start-up reconcile.
+    pub resume_after_restart: ResumeAfterRestart,
+    /// How many of those start (and boot to ready) at once (at least 1).
+    pub resume_concurrency: usize,
 }
 
 /// Limits of the workspace routes.
@@ -112,6 +128,8 @@ impl BrokerConfig {
             workspace: WorkspaceLimits::default(),
             workspace_quota: crate::quota::WorkspaceQuota::default(),
             egress_default: dormouse_protocol::egress_policy::EgressMode::Off,
+            resume_after_restart: ResumeAfterRestart::Running,
+            resume_concurrency: 2,
         }
     }
 }

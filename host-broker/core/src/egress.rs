@@ -145,13 +145,15 @@ async fn supervise(broker: BrokerHandle, egress: Arc<Egress>, shutdown: Cancella
                         keep
                     });
                     for status in &all {
-                        follow(&broker, &egress, &mut pools, status);
+                        follow(&broker, &egress, &mut pools, status, &shutdown);
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "egress cannot list the computers"),
             },
             event = events.recv() => match event {
-                Ok(BrokerEvent::Status { computer }) => follow(&broker, &egress, &mut pools, &computer),
+                Ok(BrokerEvent::Status { computer }) => {
+                    follow(&broker, &egress, &mut pools, &computer, &shutdown);
+                }
                 Ok(BrokerEvent::Removed { id }) => {
                     if let Some((_, fence)) = pools.remove(&id) {
                         fence.cancel();
@@ -169,8 +171,17 @@ async fn supervise(broker: BrokerHandle, egress: Arc<Egress>, shutdown: Cancella
     }
 }
 
-/// Starts, keeps or fences the pool of one computer after its status.
-fn follow(broker: &BrokerHandle, egress: &Arc<Egress>, pools: &mut Pools, s: &ComputerStatus) {
+/// Starts, keeps or fences the pool of one computer after its status. A
+/// pool's fence is a child of `shutdown`: the daemon's shutdown ends every
+/// pool (and drops the broker handle each holds, so the core can finish)
+/// even when this supervisor is aborted before it could fence them.
+fn follow(
+    broker: &BrokerHandle,
+    egress: &Arc<Egress>,
+    pools: &mut Pools,
+    s: &ComputerStatus,
+    shutdown: &CancellationToken,
+) {
     let wanted = s.container == ContainerState::Running && s.ready;
     if let Some((generation, fence)) = pools.get(&s.id) {
         if wanted && *generation == s.generation && !fence.is_cancelled() {
@@ -182,7 +193,7 @@ fn follow(broker: &BrokerHandle, egress: &Arc<Egress>, pools: &mut Pools, s: &Co
     if !wanted {
         return;
     }
-    let fence = CancellationToken::new();
+    let fence = shutdown.child_token();
     pools.insert(s.id, (s.generation, fence.clone()));
     tokio::spawn(run(broker.clone(), Arc::clone(egress), s.id, fence));
 }

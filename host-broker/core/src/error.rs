@@ -199,9 +199,10 @@ fn guest_message(e: &GuestError) -> String {
         GuestError::Timeout(d, what) => format!("no answer within {d:?} ({what})"),
         GuestError::Frame(_) => "bad frame from the supervisor".into(),
         GuestError::Unexpected { to, .. } => format!("unexpected answer to {to}"),
-        GuestError::Refused { code, .. } => {
-            format!("supervisor refused: {}", crate::guest::sanitize(code))
-        }
+        // Both were tamed on arrival (escaped, shortened): the guest's own
+        // reason, so a client can tell a display that did not answer from
+        // one that refused a request.
+        GuestError::Refused { code, message } => format!("supervisor refused: {code}: {message}"),
         GuestError::Incompatible(v) => format!("supervisor speaks protocol {v}"),
     }
 }

@@ -17,11 +17,18 @@
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod availability;
 pub mod command;
 pub mod config;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod faults;
+/// Entry points of the fuzz targets (`tests/fuzz`) into this crate's
+/// private checks; only with the feature `fuzzing`, never in the daemon.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guest;
 pub mod idle;
 pub mod lifecycle;

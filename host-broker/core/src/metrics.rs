@@ -21,6 +21,10 @@ pub struct Metrics {
     events_verified: AtomicU64,
     /// Egress connections by decision: allowed, refused, failed.
     egress: [AtomicU64; 3],
+    /// 1 while the container engine is lost, else 0.
+    engine_unavailable: AtomicU64,
+    /// How often the engine was lost.
+    engine_losses: AtomicU64,
 }
 
 impl Metrics {
@@ -66,6 +70,17 @@ impl Metrics {
     pub fn events_verified(&self, verified: bool) {
         self.events_verified
             .store(u64::from(verified), Ordering::Relaxed);
+    }
+
+    /// The container engine was lost.
+    pub fn engine_lost(&self) {
+        self.engine_unavailable.store(1, Ordering::Relaxed);
+        self.engine_losses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The container engine answers again.
+    pub fn engine_back(&self) {
+        self.engine_unavailable.store(0, Ordering::Relaxed);
     }
 
     /// Prometheus text exposition; `by_state` is (container state, count).
@@ -127,6 +142,23 @@ impl Metrics {
             out,
             "dormouse_engine_events_verified {}",
             self.events_verified.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(out, "# HELP dormouse_engine_unavailable Whether the container engine is lost now (1) or answers (0).");
+        let _ = writeln!(out, "# TYPE dormouse_engine_unavailable gauge");
+        let _ = writeln!(
+            out,
+            "dormouse_engine_unavailable {}",
+            self.engine_unavailable.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP dormouse_engine_losses_total Times the container engine was lost."
+        );
+        let _ = writeln!(out, "# TYPE dormouse_engine_losses_total counter");
+        let _ = writeln!(
+            out,
+            "dormouse_engine_losses_total {}",
+            self.engine_losses.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,
@@ -193,5 +225,11 @@ mod tests {
         assert!(m
             .render(&[])
             .contains("dormouse_engine_events_verified 1\n"));
+        m.engine_lost();
+        let text = m.render(&[]);
+        assert!(text.contains("dormouse_engine_unavailable 1\n"));
+        assert!(text.contains("dormouse_engine_losses_total 1\n"));
+        m.engine_back();
+        assert!(m.render(&[]).contains("dormouse_engine_unavailable 0\n"));
     }
 }

@@ -12,7 +12,9 @@
 //! By concern: [`startup`] (start-up, reconciliation, backend changes),
 //! [`follow`] (the guest: status, readiness, activity), [`ops`] (the
 //! operations in flight and what their results do), [`commands`] (one
-//! handler per API command). This file holds the state and the loop.
+//! handler per API command), [`restart`] (bringing back, after the start-up
+//! reconcile, the desktops that went down with the host). This file holds
+//! the state and the loop.
 //!
 //! What it must never do: stop, remove or recreate a desktop because the
 //! broker itself stops. Dropping every handle ends this task and aborts its
@@ -24,13 +26,16 @@ mod answers;
 mod commands;
 mod computer;
 mod egress;
+mod engine_link;
 mod follow;
 mod ops;
 mod quota;
+mod restart;
 mod revocation;
 mod startup;
 pub mod workspace;
 
+pub use engine_link::{Backoff, RETRY_FIRST, RETRY_JITTER, RETRY_MAX};
 pub use follow::EVENT_GRACE;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -71,8 +76,6 @@ pub const EVENT_QUEUE: usize = 256;
 const INTERNAL_QUEUE: usize = 1024;
 /// How soon a failed stop for the running limit is tried again.
 const LIMIT_RETRY: Duration = Duration::from_secs(30);
-/// Longest pause between attempts to reach a lost engine.
-const ENGINE_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Messages from the owner's own tasks.
 #[derive(Debug)]
@@ -121,8 +124,8 @@ enum Internal {
     Changed(Change),
     /// The backend answers again; these desktops carry our marks.
     BackendUp(Vec<Listed>),
-    /// The backend's change stream broke.
-    BackendDown(String),
+    /// The backend's change stream broke, or it still does not answer.
+    BackendDown(engine_link::Loss),
 }
 
 /// Starts the broker core: loads the records, reconciles them with the
@@ -182,6 +185,7 @@ pub async fn spawn_backend(
     let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE);
     let screens = crate::screen::ScreenRegistry::recording(activity.clone());
     let egress = dormouse_egress::Policies::default();
+    let availability = crate::availability::AvailabilityCell::default();
     let mut owner = Owner {
         ctx,
         store,
@@ -196,7 +200,9 @@ pub async fn spawn_backend(
         next_id: 0,
         anchor: (Instant::now(), Utc::now()),
         dirty: BTreeSet::new(),
-        engine_lost: false,
+        engine_lost: None,
+        availability: availability.clone(),
+        reconciling: None,
         screens: screens.clone(),
         revocations: revocation::Revocations::default(),
         quota_slots: Arc::new(tokio::sync::Semaphore::new(quota::CONCURRENT)),
@@ -206,8 +212,10 @@ pub async fn spawn_backend(
         resyncing: HashMap::new(),
         egress: egress.clone(),
         activity: activity.clone(),
+        restart: None,
     };
     owner.start_up(records).await;
+    owner.plan_restart();
     owner.publish_egress_all();
     owner.watch_backend();
     if owner.config().probe_changes {
@@ -218,7 +226,8 @@ pub async fn spawn_backend(
         BrokerHandle::new(command_tx, events)
             .with_screens(screens)
             .with_egress(egress)
-            .with_activity(activity),
+            .with_activity(activity)
+            .with_engine(availability),
         task,
     ))
 }
@@ -244,8 +253,13 @@ struct Owner {
     anchor: (Instant, DateTime<Utc>),
     /// Computers whose status may have changed since the last broadcast.
     dirty: BTreeSet<Uuid>,
-    /// The backend's change stream broke and has not come back yet.
-    engine_lost: bool,
+    /// Since when (monotonic, wall clock) and why the backend's change
+    /// stream is broken, until it answers again ([`engine_link`]).
+    engine_lost: Option<(Instant, DateTime<Utc>, crate::availability::LossReason)>,
+    /// What `/healthz` reads of the engine's availability.
+    availability: crate::availability::AvailabilityCell,
+    /// The reconciliation after the engine's return, while it runs.
+    reconciling: Option<engine_link::Reconciling>,
     /// Every live screen capability (revoked from here, [`revocation`]).
     screens: crate::screen::ScreenRegistry,
     /// What [`Owner::sync_revocations`] keeps between turns.
@@ -267,6 +281,8 @@ struct Owner {
     /// Every computer's activity record: the owner records what it decides
     /// and what its operations did, on their outcome.
     activity: ActivityLog,
+    /// Desktops still to bring back after a host restart ([`restart`]).
+    restart: Option<restart::RestartPlan>,
 }
 
 impl std::fmt::Debug for Owner {
@@ -327,6 +343,7 @@ impl Owner {
     ) {
         loop {
             while self.tasks.try_join_next().is_some() {}
+            self.advance_restart();
             self.publish();
             self.sync_revocations();
             let wake = self.next_wake();
@@ -478,21 +495,8 @@ impl Owner {
                 self.on_workspace_limit(id, epoch, limit);
             }
             Internal::Changed(change) => self.on_change(change),
-            Internal::BackendUp(listed) => {
-                let was_lost = std::mem::replace(&mut self.engine_lost, false);
-                self.update_orphans(listed);
-                if was_lost {
-                    tracing::info!("container engine reachable again; refreshing every computer");
-                    self.refresh_all();
-                }
-            }
-            Internal::BackendDown(why) => {
-                if !self.engine_lost {
-                    tracing::warn!(error = %why, "lost the container engine's events");
-                    self.engine_lost = true;
-                    self.refresh_all();
-                }
-            }
+            Internal::BackendUp(listed) => self.on_backend_up(listed),
+            Internal::BackendDown(loss) => self.on_backend_down(loss),
         }
     }
 }

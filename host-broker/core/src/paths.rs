@@ -42,6 +42,15 @@ impl Paths {
         self.data.join("computers")
     }
 
+    /// The computer an entry of [`Self::computers`] is the directory of,
+    /// if its name is an id.
+    pub fn computer_of(entry: &std::fs::DirEntry) -> Option<Uuid> {
+        entry
+            .file_name()
+            .to_str()
+            .and_then(|n| Uuid::parse_str(n).ok())
+    }
+
     /// `<data>/computers/<id>`.
     pub fn computer_dir(&self, id: Uuid) -> PathBuf {
         self.computers().join(id.to_string())
@@ -50,6 +59,11 @@ impl Paths {
     /// `<data>/computers/<id>/computer.json`.
     pub fn record(&self, id: Uuid) -> PathBuf {
         self.computer_dir(id).join("computer.json")
+    }
+
+    /// `<data>/computers/<id>/intent.json`: a create or remove under way.
+    pub fn intent(&self, id: Uuid) -> PathBuf {
+        self.computer_dir(id).join("intent.json")
     }
 
     /// `<data>/computers/<id>/workspace`.

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::stream::{BoxStream, StreamExt};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
+
+mod stream;
 
 use super::container_engine::{
     normalize_cap, ContainerInfo, ContainerSpec, ContainerSummary, Engine, EngineError,
@@ -142,6 +144,8 @@ pub struct FakeEngine {
     state: Mutex<State>,
     hooks: Mutex<Hooks>,
     events: broadcast::Sender<EngineEvent>,
+    /// Bumped when the engine goes away: every open event stream breaks.
+    cuts: watch::Sender<u64>,
 }
 
 impl Default for FakeEngine {
@@ -154,10 +158,12 @@ impl FakeEngine {
     /// An empty, reachable engine.
     pub fn new() -> Self {
         let (events, _) = broadcast::channel(1024);
+        let (cuts, _) = watch::channel(0);
         Self {
             state: Mutex::new(State::default()),
             hooks: Mutex::new(Hooks::default()),
             events,
+            cuts,
         }
     }
 
@@ -231,9 +237,14 @@ impl FakeEngine {
         s.tags.retain(|_, v| v != id);
     }
 
-    /// Makes every verb fail with [`EngineError::Unavailable`] (or not).
+    /// Makes every verb fail with [`EngineError::Unavailable`] (or not);
+    /// going away also breaks every open event stream, as a stopped engine
+    /// closes its connections.
     pub fn set_unavailable(&self, unavailable: bool) {
-        self.lock().unavailable = unavailable;
+        let was = std::mem::replace(&mut self.lock().unavailable, unavailable);
+        if unavailable && !was {
+            self.cuts.send_modify(|n| *n += 1);
+        }
     }
 
     /// The next call of `verb` fails with `error` (queued in order).
@@ -668,25 +679,7 @@ impl Engine for FakeEngine {
             })
             .boxed();
         }
-        let wanted = labels.to_vec();
-        let rx = self.events.subscribe();
-        futures_util::stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(event) => return Some((Ok(event), rx)),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
-        .filter(move |item| {
-            let keep = match item {
-                Ok(_) if blind => false,
-                Ok(event) => matches_labels(&event.labels, &wanted),
-                Err(_) => true,
-            };
-            async move { keep }
-        })
-        .boxed()
+        let cut = self.cuts.subscribe();
+        stream::follow(self.events.subscribe(), cut, labels.to_vec(), blind)
     }
 }

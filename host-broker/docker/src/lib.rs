@@ -39,6 +39,7 @@ use dormouse_core::engine::{
     Backend, BackendFuture, BackendSpec, Change, ChangeProbe, Desktop, EngineError, Image, Listed,
     Origin,
 };
+use dormouse_core::faults;
 use dormouse_core::guest::GuestSocket;
 use dormouse_core::paths::Paths;
 
@@ -238,12 +239,15 @@ impl Backend for DockerBackend {
         Box::pin(async move {
             let spec = &spec::from_backend(origin.spec)?;
             seccomp::install(self.config.dialect, &self.paths)?;
+            faults::step("engine: seccomp profile installed");
             self.engine.create(spec).await?;
+            faults::step("engine: container created");
             // An engine may accept a setting and not apply it (a compatible
             // API that ignores a field): what it reports now must be what was
             // asked for, by the same check a resume runs, or the container
             // goes and the create fails closed.
             let info = self.engine.inspect(&spec.name).await?;
+            faults::step("engine: created container inspected");
             if let Err(refusal) = resume::check(origin, info.as_ref(), Some(true)) {
                 let why = refusal.message();
                 tracing::error!(container = %spec.name, problem = %why, "the engine did not apply the hardening as asked; removing the container");

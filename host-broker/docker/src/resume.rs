@@ -251,6 +251,7 @@ mod tests {
             spec: crate::spec::to_backend(&spec),
             workspace_from: None,
             egress: None,
+            wanted_running_since: None,
         };
         (record, info)
     }

@@ -95,7 +95,7 @@ pub async fn require_token(
 /// Whether `path` is a WebSocket a browser opens, which may carry the token
 /// as a subprotocol: `/v1/events` and a desktop's terminal
 /// (`/v1/computers/{id}/exec/ws`).
-fn browser_socket(path: &str) -> bool {
+pub(crate) fn browser_socket(path: &str) -> bool {
     path == EVENTS_PATH
         || path
             .strip_prefix("/v1/computers/")
@@ -104,7 +104,7 @@ fn browser_socket(path: &str) -> bool {
 }
 
 /// The token of `Authorization: Bearer <token>` (scheme case-insensitive).
-fn bearer_from_header(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_from_header(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
@@ -114,7 +114,7 @@ fn bearer_from_header(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The `token` query parameter (`/v1/events?token=...`).
-fn token_from_query(query: Option<&str>) -> Option<String> {
+pub(crate) fn token_from_query(query: Option<&str>) -> Option<String> {
     query?
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -124,7 +124,7 @@ fn token_from_query(query: Option<&str>) -> Option<String> {
 }
 
 /// `dormouse.bearer.<token>` among the offered WebSocket subprotocols.
-fn token_from_subprotocol(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn token_from_subprotocol(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -132,12 +132,19 @@ fn token_from_subprotocol(headers: &HeaderMap) -> Option<&str> {
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
-        .filter(|t| !t.is_empty())
+        .filter(|t| is_subprotocol_token(t))
+}
+
+/// Whether `t` can be what follows a subprotocol's prefix: a subprotocol is
+/// an HTTP token, so not empty and without whitespace (found by fuzzing:
+/// `dormouse.bearer. x` yielded the token " x").
+pub(crate) fn is_subprotocol_token(t: &str) -> bool {
+    !t.is_empty() && !t.contains(char::is_whitespace)
 }
 
 /// Minimal `application/x-www-form-urlencoded` decoding; a malformed escape
 /// is kept literally (it then simply fails to match the token).
-fn percent_decode(value: &str) -> String {
+pub(crate) fn percent_decode(value: &str) -> String {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -224,5 +231,11 @@ mod tests {
             HeaderValue::from_static("dormouse.v1, dormouse.bearer.s3cret"),
         );
         assert_eq!(token_from_subprotocol(&headers), Some("s3cret"));
+        // Found by fuzzing: a space after the prefix is no part of a token.
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static("dormouse.v1, dormouse.bearer. s3cret"),
+        );
+        assert_eq!(token_from_subprotocol(&headers), None);
     }
 }

@@ -25,6 +25,11 @@ mod egress;
 pub mod error;
 mod events;
 pub mod extract;
+/// Entry points of the fuzz targets (`tests/fuzz`) into this crate's
+/// private parsers; only with the feature `fuzzing`, never in the daemon.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod panel;
 mod processes;
 pub use processes::ExecOutputBudget;
@@ -314,10 +319,11 @@ impl Routes {
                 crate::screen_viewer::SCRIPT_PATH,
                 crate::screen_viewer::script,
             )
-            .add(
+            .add_as(
                 Public,
                 Method::GET,
                 crate::screen_viewer::NOVNC_ROUTE,
+                crate::screen_viewer::NOVNC_DOC,
                 crate::screen_viewer::novnc,
             )
             .add(
@@ -416,13 +422,22 @@ async fn close_after_refusal(request: Request, next: Next) -> Response {
     response
 }
 
-/// `GET /healthz`: the process serves (first line `ok`), and which engine it
-/// found at start-up (`engine: …`); no token needed, nothing else said.
+/// `GET /healthz`: the process serves (first line `ok`, whatever the
+/// engine does), which engine it found at start-up (`engine: …`), and,
+/// while the engine is lost, since when and why in fixed words
+/// (`engine: unavailable since <time>: <reason>`), or after its last return
+/// how long it was away and how long reconciling every desktop took; no
+/// token needed, nothing else said.
 async fn healthz(State(state): State<ApiState>) -> String {
-    match &state.engine {
-        Some(engine) => format!("ok\nengine: {engine}\n"),
-        None => "ok\n".to_owned(),
+    let mut out = String::from("ok\n");
+    if let Some(engine) = &state.engine {
+        out.push_str(&format!("engine: {engine}\n"));
     }
+    for line in state.broker.engine_availability().health_lines() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
 }
 
 /// `GET /v1/openapi.json`.
@@ -466,4 +481,33 @@ async fn access_log(request: Request, next: Next) -> Response {
         tracing::info!(target: "dormouse::access", %method, path, status = status.as_u16(), %ms, "request");
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dormouse_core::availability::{AvailabilityCell, LossReason};
+
+    #[tokio::test]
+    async fn healthz_says_ok_first_and_since_when_the_engine_is_unavailable() {
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let (events, _) = tokio::sync::broadcast::channel(1);
+        let cell = AvailabilityCell::default();
+        let broker = BrokerHandle::new(tx, events).with_engine(cell.clone());
+        let mut state = ApiState::new(broker, Arc::default(), ApiToken::new("t"));
+        state.engine = Some("Docker Engine 20.10.24 (API 1.41)".into());
+        assert_eq!(
+            healthz(State(state.clone())).await,
+            "ok\nengine: Docker Engine 20.10.24 (API 1.41)\n"
+        );
+        let since = chrono::DateTime::parse_from_rfc3339("2026-12-03T10:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        cell.update(|a| a.lost = Some((since, LossReason::StreamEnded)));
+        assert_eq!(
+            healthz(State(state)).await,
+            "ok\nengine: Docker Engine 20.10.24 (API 1.41)\n\
+             engine: unavailable since 2026-12-03T10:00:00.000Z: its event stream ended\n"
+        );
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -148,8 +149,17 @@ pub async fn exec_ws(
     ComputerId(id): ComputerId,
     Generation(fence): Generation,
     Query(query): Query<Vec<(String, String)>>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, HttpError> {
+    // A plain GET is told so in the API's own error shape (JSON, code
+    // `websocket_required`), as on `/v1/events`, before anything is opened.
+    let ws = ws.map_err(|rejection| {
+        HttpError::with_status(
+            rejection.status(),
+            ErrorCode::WebsocketRequired,
+            format!("the terminal is a WebSocket: {rejection}"),
+        )
+    })?;
     let (open, in_query) = terminal_request(&query)?;
     let fence = match (fence, in_query) {
         (Some(_), Some(_)) => {
@@ -169,7 +179,9 @@ pub async fn exec_ws(
 
 /// The terminal's parameters, and the generation given as `generation=`
 /// (a browser's WebSocket cannot send the `Dormouse-Generation` header).
-fn terminal_request(query: &[(String, String)]) -> Result<(PtyOpen, Option<u64>), HttpError> {
+pub(crate) fn terminal_request(
+    query: &[(String, String)],
+) -> Result<(PtyOpen, Option<u64>), HttpError> {
     let size = |v: &str, what: &str| {
         v.parse::<u16>()
             .map_err(|_| HttpError::bad_request(format!("{what} must be a number")))

@@ -34,6 +34,8 @@ use crate::screen::relay::{relay, RelaySession};
 use crate::screen::{Mint, RegistryError};
 use crate::screen::{Refusal, ScreenGateway};
 use crate::HttpError;
+use dormouse_core::command::Fence;
+use dormouse_core::faults;
 
 /// Path of the mint and list routes.
 pub const SCREENS_PATH: &str = "/v1/computers/{id}/screens";
@@ -93,6 +95,21 @@ pub async fn create(
         .validate()
         .map_err(|e| HttpError::bad_request(format!("invalid screen request: {e}")))?;
     let ttl_ms = request.ttl_ms.unwrap_or(DEFAULT_SCREEN_TTL_MS);
+    faults::within(
+        faults::op::SCREEN_MINT,
+        mint(gw, computer, fence, request, ttl_ms),
+    )
+    .await
+}
+
+/// Admits and mints one capability (the body of [`create`]).
+async fn mint(
+    gw: ScreenGateway,
+    computer: Uuid,
+    fence: Fence,
+    request: CreateScreen,
+    ttl_ms: u64,
+) -> Result<Response, HttpError> {
     // A revocation between admission and mint (another capability's, a
     // generation change) refuses the mint; admit again a few times before
     // answering `state_changed`, so a view is not failed by a lease change.
@@ -101,6 +118,7 @@ pub async fn create(
         attempts += 1;
         let epoch = gw.registry.epoch(computer);
         let (current, actor) = gw.host.admit_as(computer, request.mode, fence).await?;
+        faults::step("screen: admitted");
         let mint = Mint {
             mode: request.mode,
             ttl_ms,
@@ -113,6 +131,7 @@ pub async fn create(
             other => break other?,
         }
     };
+    faults::step("screen: minted");
     tracing::info!(
         computer = %computer,
         screen = %grant.screen_id,
@@ -153,7 +172,7 @@ pub async fn revoke(
 
 /// The screen token of a request: `dormouse.screen.<token>` among the
 /// offered subprotocols, else `?token=`.
-fn screen_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+pub(crate) fn screen_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
     let from_protocol = headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -161,16 +180,9 @@ fn screen_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .find_map(|p| p.strip_prefix(SCREEN_SUBPROTOCOL_PREFIX))
-        .filter(|t| !t.is_empty())
+        .filter(|t| crate::auth::is_subprotocol_token(t))
         .map(str::to_owned);
-    from_protocol.or_else(|| {
-        query?
-            .split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(key, _)| *key == "token")
-            .map(|(_, value)| value.to_owned())
-            .filter(|t| !t.is_empty())
-    })
+    from_protocol.or_else(|| crate::auth::token_from_query(query))
 }
 
 fn token_required() -> HttpError {

@@ -49,6 +49,10 @@ pub const DEFAULT_NOVNC_DIR: &str = "/usr/share/novnc";
 /// URL prefix the noVNC library is served under: `/novnc/core/rfb.js`.
 pub const NOVNC_ROUTE: &str = "/novnc/{*path}";
 
+/// [`NOVNC_ROUTE`] as an OpenAPI path template (which has no wildcard: its
+/// `path` parameter stands for the rest, slashes and all).
+pub const NOVNC_DOC: &str = "/novnc/{path}";
+
 /// The parts of the noVNC tree the viewer needs.
 const NOVNC_SUBTREES: &[&str] = &["core", "vendor"];
 

@@ -9,6 +9,7 @@
 
 pub mod listen;
 pub mod logging;
+pub mod restart;
 pub mod screen_gateway;
 pub mod serve;
 pub mod systemd;
@@ -166,6 +167,8 @@ pub struct DaemonArgs {
     /// (/etc/hosts syntax), for split-horizon names.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    #[command(flatten)]
+    pub restart: restart::RestartArgs,
 }
 
 impl DaemonArgs {
@@ -213,6 +216,7 @@ impl DaemonArgs {
             bytes: self.workspace_max_bytes,
             inodes: self.workspace_max_inodes,
         };
+        self.restart.apply(&mut config);
         config
     }
 }
@@ -375,7 +379,7 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
         tokio::select! {
             _ = term.recv() => break Ok(()),
             _ = int.recv() => break Ok(()),
-            _ = hup.recv() => reload(&data_dir, &token),
+            _ = hup.recv() => token::reload(&data_dir, &token),
             _ = &mut core => break Err(DaemonError::CoreStopped),
             result = &mut server => {
                 server_done = true;
@@ -476,21 +480,6 @@ async fn build_backend(
         Paths::new(&config.data_dir),
     );
     Ok((Arc::new(backend), identity.map(|i| i.to_string())))
-}
-
-/// SIGHUP: re-read the token file, so a token can be rotated without a
-/// restart. Every other setting is a flag and needs a restart (which never
-/// stops a desktop).
-fn reload(data_dir: &Path, token: &ApiToken) {
-    systemd::reloading(false);
-    match token::read_checked(&data_dir.join(token::TOKEN_FILE)) {
-        Ok(new) => {
-            token.replace(&new);
-            tracing::info!("SIGHUP: token re-read");
-        }
-        Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the current token"),
-    }
-    systemd::reloading(true);
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

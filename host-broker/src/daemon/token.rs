@@ -181,6 +181,21 @@ fn remove_stale_temporaries(data_dir: &Path) {
     }
 }
 
+/// SIGHUP: re-read the token file, so a token can be rotated without a
+/// restart. Every other setting is a flag and needs a restart (which never
+/// stops a desktop).
+pub fn reload(data_dir: &Path, token: &dormouse_http::ApiToken) {
+    super::systemd::reloading(false);
+    match read_checked(&data_dir.join(TOKEN_FILE)) {
+        Ok(new) => {
+            token.replace(&new);
+            tracing::info!("SIGHUP: token re-read");
+        }
+        Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the current token"),
+    }
+    super::systemd::reloading(true);
+}
+
 /// Reads an existing token file as the broker must: not through a symbolic
 /// link, a regular file, owned by the broker's user, readable by it alone.
 pub fn read_checked(path: &Path) -> Result<String, TokenError> {

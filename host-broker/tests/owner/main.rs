@@ -30,7 +30,7 @@ use dormouse_core::engine::{EngineError, RunState};
 use dormouse_core::error::BrokerError;
 use dormouse_core::lifecycle::stop_key;
 use dormouse_core::metrics::Metrics;
-use dormouse_core::owner::spawn_backend;
+use dormouse_core::owner::{spawn_backend, RETRY_JITTER, RETRY_MAX};
 use dormouse_core::store::StopRecord;
 use dormouse_core::store::{ComputerStore, Paths, StopReasonStore};
 use dormouse_core::BrokerHandle;
@@ -387,6 +387,17 @@ impl Rig {
     /// Drops the handle, waits for the owner to end, and starts a new one on
     /// the same data directory and engine (a broker restart).
     async fn restart(self, window: Duration) -> Rig {
+        self.restart_with(window, |_| {}, |_| {}).await
+    }
+
+    /// [`Rig::restart`], with `meanwhile` done to the engine while no owner
+    /// runs and `change` made to the new owner's configuration.
+    async fn restart_with(
+        self,
+        window: Duration,
+        meanwhile: impl FnOnce(&FakeEngine),
+        change: impl FnOnce(&mut BrokerConfig),
+    ) -> Rig {
         let Rig {
             dir,
             fake,
@@ -397,9 +408,10 @@ impl Rig {
         } = self;
         drop(handle);
         task.await.unwrap();
-        let (handle, task) = spawn(config(dir.path(), window, 4), fake.clone(), metrics.clone())
-            .await
-            .unwrap();
+        meanwhile(&fake);
+        let mut config = config(dir.path(), window, 4);
+        change(&mut config);
+        let (handle, task) = spawn(config, fake.clone(), metrics.clone()).await.unwrap();
         Rig {
             dir,
             fake,
@@ -522,10 +534,12 @@ fn mutations_of(fake: &FakeEngine, verb: &str) -> usize {
 
 mod actions;
 mod activity;
+mod engine_loss;
 mod fencing;
 mod hostile;
 mod idle;
 mod lifecycle;
+mod restart;
 mod trouble;
 mod truth;
 mod workspace;

@@ -59,7 +59,9 @@ pub fn keysym_from_name(name: &str) -> Option<u32> {
     }
     let mut chars = name.chars();
     if let (Some(c), None) = (chars.next(), chars.next()) {
-        return Some(keysym_of_char(c));
+        // A control character (C0, DEL, C1) names no key; `U+0084` still
+        // reaches its keysym on purpose.
+        return (!c.is_control()).then(|| keysym_of_char(c));
     }
     if let Some((_, target)) = ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(name)) {
         return keysym_from_name(target);
@@ -141,6 +143,17 @@ mod tests {
         assert!(KEYSYMS
             .windows(2)
             .all(|w| w[0].0.as_bytes() < w[1].0.as_bytes()));
+    }
+
+    #[test]
+    fn a_control_character_alone_is_no_key() {
+        // Found by schemathesis: a scroll's modifier text "\u{84}" was
+        // accepted while the document (and the key grammar) refuse it.
+        for c in ['\u{0}', '\u{1b}', '\u{7f}', '\u{84}', '\u{9f}'] {
+            assert_eq!(keysym_from_name(&c.to_string()), None, "{c:?}");
+        }
+        assert_eq!(keysym_from_name("U+0084"), Some(0x0100_0084));
+        assert_eq!(keysym_from_name("\u{a0}"), Some(0xa0));
     }
 
     #[test]

@@ -312,6 +312,16 @@ fn translate_one(action: &OpenAiAction) -> Result<Vec<Action>, Refusal> {
     Ok(match action {
         OpenAiAction::Click { button, x, y, keys } => {
             let coordinate = Some(at(*x, *y));
+            // Back and forward are keys themselves, pressed in the same
+            // combination: one fewer held key for every button, as the
+            // document says.
+            let held = keys.as_ref().map_or(0, Vec::len);
+            if held >= MAX_KEYS {
+                return Err((
+                    "keys",
+                    format!("{held} keys, at most {} around a click", MAX_KEYS - 1),
+                ));
+            }
             let text = modifiers(keys.as_deref())?;
             match button {
                 OpenAiButton::Left => vec![Action::LeftClick { coordinate, text }],
@@ -524,8 +534,14 @@ pub fn key_name(key: &str) -> Result<String, Refusal> {
             c => c.to_string(),
         });
     }
-    if super::keysym::keysym_from_name(trimmed).is_some() {
-        return Ok(trimmed.to_owned());
+    if let Some(sym) = super::keysym::keysym_from_name(trimmed) {
+        // The names are joined with `+`: one that holds a `+` itself
+        // (`U+00E9`) goes as its keysym, or it would split in two.
+        return Ok(if trimmed.contains('+') {
+            format!("0x{sym:x}")
+        } else {
+            trimmed.to_owned()
+        });
     }
     Err(("keys", Problem::UnknownKey(trimmed.to_owned()).to_string()))
 }

@@ -107,6 +107,33 @@ fn key_names_map() {
 }
 
 #[test]
+fn a_key_named_with_a_plus_stays_one_key() {
+    // Found by schemathesis: 16 keys named `U+0041` were joined with `+`
+    // into 32 names and refused as "more than 16 keys".
+    assert_eq!(key_name("U+00E9").unwrap(), "0xe9");
+    let click = |n: usize| OpenAiBatch {
+        openai_actions: vec![OpenAiAction::Click {
+            button: OpenAiButton::Back,
+            x: 0,
+            y: 0,
+            keys: Some((0..n).map(|_| "U+0041".to_owned()).collect()),
+        }],
+        scale: None,
+        cursor: false,
+    };
+    let t = click(15).translate().unwrap();
+    let screen = Size {
+        width: 100,
+        height: 100,
+    };
+    validate(&t.batch, Some(screen)).unwrap();
+    // The back button is a key of the same combination: 16 held keys
+    // would make 17, refused by the dialect's own check, which names it.
+    let e = click(16).translate().unwrap_err().to_string();
+    assert!(e.contains("16 keys, at most 15 around a click"), "{e}");
+}
+
+#[test]
 fn bad_input_is_refused_with_the_dialect_index() {
     let keys: Vec<String> = (0..1000).map(|_| "A".to_owned()).collect();
     let b = OpenAiBatch {

@@ -21,17 +21,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{cpu_seconds, BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, EventStream, Waits as _};
-use dormouse_e2e::guest::{Guest, GuestUser};
-use dormouse_e2e::rfb::{
-    pointer_event, set_encodings, set_pixel_format_bgrx, update_request, Rect, RfbViewer, TokenIn,
+use dormouse_e2e::frames::{
+    full_update, full_update_lit, rect_bytes, viewer_with, H, RAW, W, ZRLE,
 };
+use dormouse_e2e::guest::{Guest, GuestUser};
+use dormouse_e2e::rfb::{pointer_event, update_request, RfbViewer};
 use dormouse_protocol::api::CreateComputer;
 use dormouse_protocol::screen::{CreateScreen, ScreenGrant, ScreenMode};
-
-const W: u16 = 1280;
-const H: u16 = 800;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -68,64 +66,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn rect_bytes(rects: &[Rect]) -> u64 {
-    4 + rects.iter().map(|r| 12 + r.wire as u64).sum::<u64>()
-}
-
-/// Raw pixels only.
-const RAW: &[i32] = &[0];
-/// ZRLE preferred, Raw otherwise.
-const ZRLE: &[i32] = &[16, 0];
-
 async fn viewer(broker: &BrokerProcess, grant: &ScreenGrant) -> Result<RfbViewer> {
     viewer_with(broker, grant, RAW).await
-}
-
-async fn viewer_with(
-    broker: &BrokerProcess,
-    grant: &ScreenGrant,
-    encodings: &[i32],
-) -> Result<RfbViewer> {
-    let mut v = RfbViewer::connect(
-        &format!("ws://{}{}", broker.addr(), grant.websocket),
-        &grant.token,
-        TokenIn::Subprotocol,
-    )
-    .await?;
-    v.handshake().await?;
-    v.send(&set_pixel_format_bgrx()).await?;
-    v.send(&set_encodings(encodings)).await?;
-    Ok(v)
-}
-
-/// Reads one whole-screen update; returns its byte count.
-async fn full_update(v: &mut RfbViewer) -> Result<u64> {
-    Ok(full_update_lit(v).await?.0)
-}
-
-/// Reads one whole-screen update; returns its byte count and how many of
-/// its Raw pixels are not black (a frame sent before the VNC server first
-/// read the screen is all black).
-async fn full_update_lit(v: &mut RfbViewer) -> Result<(u64, usize)> {
-    v.send(&update_request(false, 0, 0, W, H)).await?;
-    let mut covered = 0usize;
-    let mut bytes = 0;
-    let mut lit = 0;
-    while covered < usize::from(W) * usize::from(H) {
-        let rects = v.read_update().await?;
-        bytes += rect_bytes(&rects);
-        covered += rects
-            .iter()
-            .filter(|r| r.encoding >= 0)
-            .map(|r| usize::from(r.w) * usize::from(r.h))
-            .sum::<usize>();
-        lit += rects
-            .iter()
-            .flat_map(|r| r.pixels.chunks(4))
-            .filter(|p| p[0] | p[1] | p[2] != 0)
-            .count();
-    }
-    Ok((bytes, lit))
 }
 
 /// Like noVNC: an incremental request after every update, for `window`;
@@ -155,20 +97,6 @@ async fn watch(mut v: RfbViewer, window: Duration) -> Result<(u64, u32)> {
 
 fn kbit_s(bytes: u64, window: Duration) -> f64 {
     bytes as f64 * 8.0 / 1000.0 / window.as_secs_f64()
-}
-
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.rsplit_once(')').context("stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
-}
-
-fn ticks_per_second() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64)
 }
 
 async fn mint(api: &ApiClient, id: uuid::Uuid, mode: ScreenMode) -> Result<ScreenGrant> {
@@ -325,7 +253,7 @@ async fn run(args: Args) -> Result<()> {
         viewers.push(viewer(&broker, &view).await?);
     }
     let many_window = Duration::from_secs(args.window.min(10));
-    let cpu0 = cpu_ticks(pid)?;
+    let cpu0 = cpu_seconds(pid)?;
     let t0 = Instant::now();
     let tasks: Vec<_> = viewers
         .into_iter()
@@ -336,7 +264,7 @@ async fn run(args: Args) -> Result<()> {
         results.push(t.await??);
     }
     let wall = t0.elapsed().as_secs_f64();
-    let cpu = (cpu_ticks(pid)? - cpu0) as f64 / ticks_per_second();
+    let cpu = cpu_seconds(pid)? - cpu0;
     let rates: Vec<f64> = results
         .iter()
         .map(|(b, _)| kbit_s(*b, many_window))

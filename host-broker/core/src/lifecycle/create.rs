@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::OpContext;
 use crate::engine::{hostname, Backend, Desktop, Image};
 use crate::error::BrokerError;
+use crate::faults;
 use crate::store::{ensure_dir, ComputerRecord, Paths, StoreError};
 
 /// uid and gid of the desk user in the guest.
@@ -203,11 +204,12 @@ fn chown_to_desk(workspace: &Path) {
 /// Provisions the desktop of a persisted record; returns what the backend
 /// says of it after the start.
 pub async fn run(ctx: &OpContext, record: &ComputerRecord) -> Result<Desktop, BrokerError> {
+    faults::step("create: before provisioning");
     ctx.backend.provision(record.origin()).await?;
-    ctx.backend
-        .observe(record.id)
-        .await?
-        .ok_or_else(|| BrokerError::Internal("the desktop vanished right after its start".into()))
+    faults::step("create: provisioned and started");
+    let seen = ctx.backend.observe(record.id).await?;
+    faults::step("create: observed");
+    seen.ok_or_else(|| BrokerError::Internal("the desktop vanished right after its start".into()))
 }
 
 #[cfg(test)]

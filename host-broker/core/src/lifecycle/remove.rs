@@ -12,12 +12,15 @@ use uuid::Uuid;
 
 use super::{stop, OpContext};
 use crate::error::BrokerError;
+use crate::faults;
 use crate::store::{remove_tree, StoreError};
 
 /// Removes the desktop of a computer (stopping it first if it runs) and,
 /// with `purge`, its workspace.
 pub async fn run(ctx: &OpContext, id: Uuid, purge: bool) -> Result<(), BrokerError> {
+    faults::step("remove: begun");
     let desktop = ctx.backend.observe(id).await?;
+    faults::step("remove: observed");
     if desktop.is_some_and(|d| d.state.is_up()) {
         let intent = stop::begin(ctx, id, StopReason::Manual)?;
         match stop::run(ctx, id, intent).await {
@@ -26,12 +29,14 @@ pub async fn run(ctx: &OpContext, id: Uuid, purge: bool) -> Result<(), BrokerErr
         }
     }
     ctx.backend.destroy(id).await?;
+    faults::step("remove: desktop destroyed");
     if purge {
         let workspace = ctx.backend.workspace(id);
         if let Err(e) = blocking(move || remove_tree("purge workspace", &workspace)).await {
             tracing::error!(computer = %id, error = %e, "purging the workspace failed");
             return Err(e.into());
         }
+        faults::step("remove: workspace purged");
     }
     Ok(())
 }
@@ -40,7 +45,11 @@ pub async fn run(ctx: &OpContext, id: Uuid, purge: bool) -> Result<(), BrokerErr
 pub async fn blocking(
     work: impl FnOnce() -> Result<(), StoreError> + Send + 'static,
 ) -> Result<(), StoreError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| StoreError::Task(e.to_string()))?
+    let op = faults::current();
+    tokio::task::spawn_blocking(move || {
+        let _op = faults::scope_of(op);
+        work()
+    })
+    .await
+    .map_err(|e| StoreError::Task(e.to_string()))?
 }

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::{stop_key, OpContext};
 use crate::engine::Desktop;
 use crate::error::BrokerError;
+use crate::faults;
 use crate::guest;
 use crate::store::last_screen::{self, LAST_SCREEN_BOX, LAST_SCREEN_FORMAT};
 use crate::store::{StopRecord, StoreError};
@@ -51,16 +52,19 @@ pub struct Stopped {
 pub fn begin(ctx: &OpContext, id: Uuid, reason: StopReason) -> Result<StopRecord, BrokerError> {
     let intent = StopRecord::intent(reason, Utc::now());
     ctx.stops.save(&stop_key(id), &intent)?;
+    faults::step("stop: intent saved");
     Ok(intent)
 }
 
 /// Stops a running computer whose intent is recorded ([`begin`]).
 pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stopped, BrokerError> {
+    faults::step("stop: begun");
     let info = ctx
         .backend
         .observe(id)
         .await?
         .ok_or_else(|| BrokerError::WrongState("the desktop is missing".into()))?;
+    faults::step("stop: observed");
     if !info.state.is_up() {
         // Nothing to stop: the intent matches no stop.
         ctx.stops.clear(&stop_key(id))?;
@@ -68,7 +72,9 @@ pub async fn run(ctx: &OpContext, id: Uuid, intent: StopRecord) -> Result<Stoppe
     }
     // Before quiesce, which closes the browsers the thumbnail should show.
     keep_last_screen(ctx, id).await;
+    faults::step("stop: last screen kept");
     let quiesced = quiesce(ctx, id).await;
+    faults::step("stop: guest quiesced");
     let (info, record, unsaved) = finish(ctx, id, &intent).await?;
     Ok(Stopped {
         info,
@@ -123,7 +129,12 @@ pub async fn keep_last_screen(ctx: &OpContext, id: Uuid) {
         }
     };
     let paths = ctx.paths.clone();
-    match tokio::task::spawn_blocking(move || last_screen::save(&paths, id, &image)).await {
+    let op = faults::current();
+    let save = move || {
+        let _op = faults::scope_of(op);
+        last_screen::save(&paths, id, &image)
+    };
+    match tokio::task::spawn_blocking(save).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             tracing::warn!(computer = %id, error = %e, "the last screen cannot be kept");
@@ -169,12 +180,17 @@ pub async fn finish(
 ) -> Result<(Desktop, StopRecord, Option<String>), BrokerError> {
     let key = stop_key(id);
     let stopped = ctx.backend.suspend(id, ctx.config.stop_timeout).await;
+    faults::step("stop: engine stopped");
     let after = ctx.backend.observe(id).await;
+    faults::step("stop: observed after the stop");
     match (stopped, after) {
         (_, Ok(Some(info))) if !info.state.is_up() => {
             let record = intent.confirm(info.finished_at);
             let unsaved = match ctx.stops.save(&key, &record) {
-                Ok(()) => None,
+                Ok(()) => {
+                    faults::step("stop: confirmed");
+                    None
+                }
                 Err(e) => {
                     tracing::error!(computer = %id, error = %e, "stopped, but the stop record cannot be saved");
                     Some(why_unsaved(&e))

@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::commands::{Answer, Fenced};
 use super::computer::Computer;
+use super::engine_link::require_known;
 use super::Owner;
 use crate::activity::actor_of;
 use crate::command::{Fence, Reply};
@@ -63,6 +64,7 @@ impl Owner {
         match purpose {
             Purpose::Actions { busy_for } => {
                 let c = self.admit(id, fence)?;
+                require_known(&c.engine)?;
                 if !c.is_ready() {
                     return Err(BrokerError::WrongState("the desktop is not ready".into()));
                 }
@@ -74,6 +76,7 @@ impl Owner {
             }
             Purpose::Exec => {
                 let c = self.admit(id, fence)?;
+                require_known(&c.engine)?;
                 if !c.is_ready() {
                     return Err(BrokerError::WrongState(
                         "the desktop is not running and ready".into(),
@@ -85,6 +88,7 @@ impl Owner {
             Purpose::Screenshot => {
                 let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
                 // Reading the screen is not activity: the timer is left alone.
+                require_known(&c.engine)?;
                 if !c.engine.is_up() {
                     return Err(BrokerError::WrongState("the desktop is not running".into()));
                 }
@@ -97,6 +101,7 @@ impl Owner {
                         op.kind().describe()
                     )));
                 }
+                require_known(&c.engine)?;
                 if !c.engine.is_up() {
                     return Err(BrokerError::WrongState("the desktop is not running".into()));
                 }
@@ -109,7 +114,12 @@ impl Owner {
             }
             Purpose::Egress => {
                 let c = self.computers.get(&id).ok_or(BrokerError::NotFound(id))?;
-                if !c.engine.is_up() || !c.is_ready() {
+                // While the engine cannot say, its last word stands: a
+                // desktop's web access does not stop because its engine is
+                // away (the guest, which asks, still answers).
+                let lost = matches!(c.engine, crate::engine::Observed::Unknown(_));
+                let up = c.engine.is_up() || (lost && c.last_up);
+                if !up || !c.guest_ready() {
                     return Err(BrokerError::WrongState(
                         "the desktop is not running and ready".into(),
                     ));

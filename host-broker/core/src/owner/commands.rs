@@ -22,9 +22,11 @@ use crate::command::{Command, Fence, Reply};
 use crate::engine::Image;
 use crate::engine::Observed;
 use crate::error::BrokerError;
+use crate::faults;
 use crate::idle::{IdleTimer, MAX_WINDOW, MIN_WINDOW};
 use crate::lifecycle::create;
 use crate::reconcile::Orphan;
+use crate::store::intent::{self, Intent};
 use crate::store::{computer::RECORD_SCHEMA, lease, ComputerRecord, Lease};
 use dormouse_protocol::activity::{Actor, Happened};
 
@@ -159,6 +161,8 @@ impl Owner {
         if let Err(e) = self.admit_create(&request) {
             return Answer::Now(reply, Err(e));
         }
+        let _op = faults::scope(faults::op::CREATE);
+        faults::step("create: admitted");
         self.pending_creates += 1;
         if let Some(from) = request.workspace_from {
             self.adopting.insert(from);
@@ -166,16 +170,18 @@ impl Owner {
         let backend = self.ctx.backend.clone();
         let image = self.config().image.clone();
         let tx = self.internal.clone();
-        self.tasks.spawn(async move {
-            let result = create::resolve_image(backend.as_ref(), &image).await;
-            let _ = tx
-                .send(Internal::Resolved {
-                    request,
-                    result,
-                    reply,
-                })
-                .await;
-        });
+        self.tasks
+            .spawn(faults::within(faults::op::CREATE, async move {
+                let result = create::resolve_image(backend.as_ref(), &image).await;
+                faults::step("create: image resolved");
+                let _ = tx
+                    .send(Internal::Resolved {
+                        request,
+                        result,
+                        reply,
+                    })
+                    .await;
+            }));
         Answer::Later
     }
 
@@ -215,6 +221,7 @@ impl Owner {
         if let Some(from) = request.workspace_from {
             self.adopting.remove(&from);
         }
+        let _op = faults::scope(faults::op::CREATE);
         match result.and_then(|image| self.persist_new(&request, image)) {
             Ok(record) => {
                 let id = record.id;
@@ -262,13 +269,21 @@ impl Owner {
             spec,
             workspace_from: request.workspace_from,
             egress: Some(self.create_egress(request)?),
+            // Created to run: wanted running before the engine is asked.
+            wanted_running_since: Some(Utc::now()),
         };
         let fresh = request
             .workspace_from
             .is_none()
             .then_some(record.workspace.as_path());
+        // Before anything of it exists: a crash from here on is settled at
+        // start-up (undone unless its desktop was made).
+        intent::save(&paths, id, Intent::Create)?;
+        faults::step("create: intent saved");
         create::prepare_dirs(&paths, id, fresh)?;
+        faults::step("create: directories made");
         self.store.save(&record)?;
+        faults::step("create: record saved");
         self.publish_egress(&record);
         if let Some(from) = request.workspace_from {
             if let Err(e) = create::adopt(&paths, id, &self.ctx.backend.workspace(from)) {
@@ -279,11 +294,12 @@ impl Owner {
                 }
                 return Err(e.into());
             }
+            faults::step("create: workspace adopted");
         }
         Ok(record)
     }
 
-    fn start(
+    pub(super) fn start(
         &mut self,
         (id, fence, ()): Fenced<()>,
         reply: Reply<ComputerStatus>,
@@ -309,9 +325,15 @@ impl Owner {
         (id, fence, ()): Fenced<()>,
         reply: Reply<ComputerStatus>,
     ) -> Answer<ComputerStatus> {
-        let c = match self.admit_idle_op(id, fence) {
-            Ok(c) => c,
-            Err(e) => return Answer::Now(reply, Err(e)),
+        if let Err(e) = self.admit_idle_op(id, fence).map(drop) {
+            return Answer::Now(reply, Err(e));
+        }
+        // No intent is written for a desktop the engine cannot say runs.
+        if let Err(e) = self.require_known(id) {
+            return Answer::Now(reply, Err(e));
+        }
+        let Some(c) = self.computers.get_mut(&id) else {
+            return Answer::Now(reply, Err(BrokerError::NotFound(id)));
         };
         let down = match &c.engine {
             Observed::Missing => true,
@@ -332,9 +354,24 @@ impl Owner {
     }
 
     fn remove(&mut self, (id, fence, purge): Fenced<bool>, reply: Reply<()>) -> Answer<()> {
-        let c = match self.admit_idle_op(id, fence) {
-            Ok(c) => c,
-            Err(e) => return Answer::Now(reply, Err(e)),
+        if let Err(e) = self
+            .admit_idle_op(id, fence)
+            .map(drop)
+            .and_then(|()| self.require_known(id))
+        {
+            return Answer::Now(reply, Err(e));
+        }
+        // Before anything is stopped or destroyed: a crash from here on is
+        // finished at start-up.
+        let saved = {
+            let _op = faults::scope(faults::op::REMOVE);
+            intent::save(&self.ctx.paths, id, Intent::Remove { purge })
+        };
+        if let Err(e) = saved {
+            return Answer::Now(reply, Err(e.into()));
+        }
+        let Some(c) = self.computers.get_mut(&id) else {
+            return Answer::Now(reply, Err(BrokerError::NotFound(id)));
         };
         disarm_idle(c);
         c.ready_wait = None;
@@ -447,6 +484,9 @@ impl Owner {
         let now = Utc::now();
         let mut record = c.record.clone();
         let decision = lease::decide(record.lease.as_ref(), &request.holder, now);
+        let _op = (decision == lease::LeaseDecision::TakeOver)
+            .then(|| faults::scope(faults::op::LEASE_TAKEOVER));
+        faults::step("lease: decided");
         match &decision {
             lease::LeaseDecision::Refuse { holder, expires_at } => {
                 return Err(BrokerError::LeaseHeld {
@@ -471,6 +511,7 @@ impl Owner {
         // Persisted (atomically, fsynced) before anyone hears of it.
         let previous = c.record.lease.as_ref().map(|l| l.holder.clone());
         self.store.save(&record)?;
+        faults::step("lease: persisted");
         c.record = record;
         self.dirty.insert(id);
         if decision == lease::LeaseDecision::TakeOver {
@@ -481,6 +522,7 @@ impl Owner {
                 _ => Happened::LeaseAcquired { holder, generation },
             };
             self.record(id, Actor::Lease(granted.holder.clone()), &what);
+            faults::step("lease: activity recorded");
         }
         Ok(LeaseGrant {
             generation: granted.generation,

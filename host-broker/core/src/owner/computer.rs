@@ -129,6 +129,9 @@ pub struct Computer {
     /// Bumped whenever the limit is (re)applied, so an older answer is
     /// discarded.
     pub limit_epoch: u64,
+    /// The engine was lost since the broker last saw this desktop's state:
+    /// a stop seen next happened unwatched ([`super::restart`]).
+    pub engine_gap: bool,
 }
 
 impl Computer {
@@ -156,6 +159,7 @@ impl Computer {
             guest_throttle: GuestThrottle::default(),
             workspace_limit: None,
             limit_epoch: 0,
+            engine_gap: false,
         }
     }
 
@@ -176,9 +180,13 @@ impl Computer {
             self.op.as_ref().map(|o| o.kind()),
             Some(OpKind::Stop { .. } | OpKind::Remove { .. })
         );
-        !leaving
-            && self.engine.is_up()
-            && self.guest.problem.is_none()
+        !leaving && self.engine.is_up() && self.guest_ready()
+    }
+
+    /// Whether the guest says it is ready and answers, whatever the engine
+    /// says (or cannot say).
+    pub fn guest_ready(&self) -> bool {
+        self.guest.problem.is_none()
             && self.guest.calls.is_none()
             && self.guest.status.as_ref().is_some_and(|s| s.ready)
     }

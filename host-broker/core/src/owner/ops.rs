@@ -20,9 +20,10 @@ use crate::command::Reply;
 use crate::engine::Desktop;
 use crate::engine::Observed;
 use crate::error::BrokerError;
+use crate::faults;
 use crate::lifecycle::remove::blocking;
 use crate::lifecycle::{create, remove, resume, stop, stop_key, OpContext};
-use crate::store::{ComputerRecord, StopRecord};
+use crate::store::{intent, ComputerRecord, StopRecord};
 use crate::workspace::ImportSummary;
 
 /// Which operation is in flight, for messages and for the rules that
@@ -56,6 +57,17 @@ impl OpKind {
             Self::Stop { .. } => "a stop",
             Self::Remove { .. } => "a remove",
             Self::Import => "a workspace import",
+        }
+    }
+
+    /// Its name for the crash points ([`faults::op`]).
+    pub fn fault_name(self) -> &'static str {
+        match self {
+            Self::Create => faults::op::CREATE,
+            Self::Start => faults::op::RESUME,
+            Self::Stop { .. } => faults::op::STOP,
+            Self::Remove { .. } => faults::op::REMOVE,
+            Self::Import => faults::op::IMPORT,
         }
     }
 }
@@ -176,18 +188,21 @@ impl Owner {
             return;
         };
         let (tx, rx) = oneshot::channel();
+        let pending = pending(rx);
         let run = work(self.ctx.clone(), c.record.clone());
         let internal = self.internal.clone();
-        let abort = self.tasks.spawn(async move {
+        let op = pending.kind().fault_name();
+        let abort = self.tasks.spawn(faults::within(op, async move {
             let result = run.await;
+            faults::step("owner: result sent back");
             // The result first, then the notice: it is there when the notice is.
             if tx.send(result).is_ok() {
                 let _ = internal.send(Internal::OpDone { id, op_id }).await;
             }
-        });
+        }));
         c.op = Some(InFlight {
             op_id,
-            pending: pending(rx),
+            pending,
             started: Instant::now(),
             abort,
             actor: Actor::Broker,
@@ -210,7 +225,10 @@ impl Owner {
         );
     }
 
+    /// Wanted running from here on (on disk before the engine is asked,
+    /// [`super::restart`]), then the resume.
     pub(super) fn launch_start(&mut self, id: Uuid, reply: Reply<ComputerStatus>) {
+        self.want_running(id, true);
         self.launch(
             id,
             |ctx, record| async move { resume::run(&ctx, &record).await },
@@ -232,6 +250,10 @@ impl Owner {
         reason: StopReason,
         reply: Option<Reply<ComputerStatus>>,
     ) {
+        // Whatever the reason, a stop the broker makes is not undone by a
+        // restart ([`super::restart`]).
+        self.want_running(id, false);
+        let scope = faults::scope(faults::op::STOP);
         let intent = match stop::begin(&self.ctx, id, reason) {
             Ok(intent) => intent,
             Err(e) => {
@@ -242,6 +264,7 @@ impl Owner {
         if let Some(c) = self.computers.get_mut(&id) {
             c.stop_record = Some(intent.clone());
         }
+        drop(scope);
         self.launch(
             id,
             move |ctx, _| async move { stop::run(&ctx, id, intent).await },
@@ -284,9 +307,13 @@ impl Owner {
         let started = op.started;
         let kind = op.kind();
         let actor = op.actor;
+        let _op = faults::scope(kind.fault_name());
+        faults::step("owner: result received");
         match op.pending {
             Pending::Create { reply, mut done } => {
                 let result = received(done.try_recv());
+                // Its caller is answered now, whatever the result.
+                self.forget_intent(id);
                 // The workspace (new or adopted) exists from here on, even
                 // when the container's start failed.
                 self.apply_workspace_limit(id);
@@ -325,6 +352,7 @@ impl Owner {
                 }
                 Err(e) => {
                     tracing::warn!(computer = %id, error = %e.detail(), "remove failed");
+                    self.forget_intent(id);
                     if let Some(c) = self.computers.get_mut(&id) {
                         c.op_problem = Some(e.to_string());
                     }
@@ -356,6 +384,7 @@ impl Owner {
                 let _ = reply.send(result);
             }
         }
+        faults::step("owner: answered");
         self.check_ready(id);
         self.grant_takeovers(id);
     }
@@ -370,6 +399,15 @@ impl Owner {
         reply: Reply<ComputerStatus>,
     ) {
         let now = Instant::now();
+        // A create or start that did not leave the desktop running (other
+        // than finding it running already) is no longer wanted running.
+        let failed = match &result {
+            Ok(info) => !info.state.is_up(),
+            Err(e) => !matches!(e, BrokerError::WrongState(_)),
+        };
+        if failed {
+            self.want_running(id, false);
+        }
         let Some(c) = self.computers.get_mut(&id) else {
             return;
         };
@@ -498,9 +536,22 @@ impl Owner {
         if let Err(e) = self.ctx.stops.clear(&stop_key(id)) {
             tracing::warn!(computer = %id, error = %e, "cannot clear the stop record");
         }
+        faults::step("remove: stop record cleared");
         tracing::info!(computer = %id, purge, "removed");
         let _ = self.events.send(BrokerEvent::Removed { id });
         let _ = reply.send(Ok(()));
+        faults::step("owner: answered");
+    }
+
+    /// The create or remove of `id` ended and its caller is answered: its
+    /// intent goes ([`crate::store::intent`]).
+    fn forget_intent(&self, id: Uuid) {
+        match intent::clear(&self.ctx.paths, id) {
+            Ok(()) => faults::step("owner: intent cleared"),
+            Err(e) => {
+                tracing::error!(computer = %id, error = %e, "cannot clear the operation's intent; the next start-up settles it");
+            }
+        }
     }
 
     /// Grants lease takeovers that waited for an operation, now that none is
@@ -532,6 +583,12 @@ impl Owner {
         };
         tracing::warn!(computer = %id, "{} outlived a lease takeover's grace; fencing it", op.kind().describe());
         op.abort.abort();
+        if matches!(op.kind(), OpKind::Create | OpKind::Remove { .. }) {
+            // Its caller hears it failed: no later start-up may finish it.
+            if let Err(e) = intent::clear(&self.ctx.paths, id) {
+                tracing::error!(computer = %id, error = %e, "cannot clear a fenced operation's intent");
+            }
+        }
         op.pending.fail(BrokerError::StaleGeneration {
             given: "superseded".into(),
             current: c.record.generation,

@@ -100,9 +100,16 @@ impl Owner {
     fn screen_seen(&self, id: Uuid) -> Option<ScreenSeen> {
         let c = self.computers.get(&id)?;
         let kind = c.op.as_ref().map(|o| o.kind());
+        // An engine that cannot be asked says nothing of the desktop: what
+        // it said last stands, so a lost engine revokes no screen.
+        let (up, started_at) = match (&c.engine, self.revocations.seen.get(&id)) {
+            (crate::engine::Observed::Unknown(_), Some(before)) => (before.up, before.started_at),
+            (crate::engine::Observed::Unknown(_), None) => (c.last_up, None),
+            (engine, _) => (engine.is_up(), engine.info().and_then(|d| d.started_at)),
+        };
         Some(ScreenSeen {
-            up: c.engine.is_up(),
-            started_at: c.engine.info().and_then(|d| d.started_at),
+            up,
+            started_at,
             identity: c.guest.hello.as_ref().map(|h| h.identity.fingerprint()),
             generation: c.record.generation,
             stopping: matches!(kind, Some(OpKind::Stop { .. })),

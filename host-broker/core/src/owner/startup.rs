@@ -11,31 +11,46 @@
 //! and counted (`dormouse_state_divergence_total`).
 
 use std::collections::HashSet;
-use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::computer::Computer;
-use super::{arm_idle, disarm_idle, stop_follower, Internal, Owner, ENGINE_RETRY_MAX};
+use super::{arm_idle, disarm_idle, stop_follower, Internal, Owner};
 use crate::engine::Observed;
 use crate::engine::{Change, ChangeProbe, Listed};
+use crate::error::BrokerError;
 use crate::idle::IdleTimer;
 use crate::lifecycle::stop_key;
 use crate::reconcile::{self, IntentAction, Orphan};
-use crate::store::ComputerRecord;
+use crate::store::intent::{self, Intent};
+use crate::store::{remove_tree, ComputerRecord};
 use dormouse_protocol::activity::{Actor, Happened};
 
 impl Owner {
     pub(super) async fn start_up(&mut self, records: Vec<ComputerRecord>) {
         // Imports cut short by a crash are settled first (on the blocking
         // pool: a staging tree may be large).
+        // So are creates and removes cut short before or after their
+        // record ([`intent`]).
         let paths = self.ctx.paths.clone();
-        if let Err(e) =
-            tokio::task::spawn_blocking(move || super::workspace::recover_all(&paths)).await
-        {
-            tracing::error!(error = %e, "workspace recovery did not finish");
+        let recovered = tokio::task::spawn_blocking(move || {
+            let temps = crate::store::remove_stale_temps(&paths);
+            if temps > 0 {
+                tracing::warn!(temps, "removed the temp files of writes cut short");
+            }
+            let settled = intent::settle_without_record(&paths);
+            super::workspace::recover_all(&paths);
+            settled
+        })
+        .await;
+        match recovered {
+            Ok(settled) => {
+                for (id, intent) in settled {
+                    tracing::warn!(computer = %id, ?intent, "settled an operation cut short before its record existed or after it was deleted");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "workspace recovery did not finish"),
         }
         for record in &records {
             // An adoption cut short by a crash is finished before anything
@@ -60,6 +75,11 @@ impl Owner {
         let now = Instant::now();
         for (record, (view, image_present)) in records.into_iter().zip(views) {
             let id = record.id;
+            let settled = self.settle_intent(&record, &view).await;
+            if settled == Settled::Gone {
+                self.activity.remove(id);
+                continue;
+            }
             let window = self.window_of(&record);
             let mut computer = Computer::new(record, IdleTimer::new(window, now));
             computer.stop_record = match self.ctx.stops.load(&stop_key(id)) {
@@ -72,6 +92,13 @@ impl Owner {
             tracing::info!(computer = %id, container = ?computer_state_of(&view), "reconciled");
             self.computers.insert(id, computer);
             self.apply_view(id, view, image_present);
+            if settled == Settled::Start {
+                // A create cut short between the engine's create and start:
+                // it is made whole, started as it would have been. Nobody
+                // waits for the answer.
+                let (reply, _) = tokio::sync::oneshot::channel();
+                self.launch_start(id, reply);
+            }
             // Once per computer and broker start: a limit set by an earlier
             // broker holds on disk, but the status must say so again (and
             // flags may have changed).
@@ -84,53 +111,82 @@ impl Owner {
         }
     }
 
-    /// Follows the backend's changes; when the backend is lost, pings it
-    /// until it answers again, then resubscribes.
-    pub(super) fn watch_backend(&mut self) {
-        let backend = self.ctx.backend.clone();
-        let tx = self.internal.clone();
-        self.tasks.spawn(async move {
-            let mut pause = Duration::from_millis(250);
-            let mut first = true;
-            loop {
-                if !first {
-                    match backend.inventory().await {
-                        Ok(listed) => {
-                            if tx.send(Internal::BackendUp(listed)).await.is_err() {
-                                return;
-                            }
-                            pause = Duration::from_millis(250);
-                        }
-                        Err(e) => {
-                            if tx.send(Internal::BackendDown(e.to_string())).await.is_err() {
-                                return;
-                            }
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(ENGINE_RETRY_MAX);
-                            continue;
-                        }
-                    }
-                }
-                first = false;
-                let mut changes = backend.changes();
-                let why = loop {
-                    match changes.next().await {
-                        Some(Ok(change)) => {
-                            if tx.send(Internal::Changed(change)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Some(Err(e)) => break e.to_string(),
-                        None => break "the event stream ended".to_owned(),
-                    }
-                };
-                if tx.send(Internal::BackendDown(why)).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(ENGINE_RETRY_MAX);
+    /// Settles the create or remove of `record` that a crash cut short
+    /// ([`intent`]). With the engine unknown nothing is decided: the next
+    /// start-up settles it.
+    async fn settle_intent(&mut self, record: &ComputerRecord, view: &Observed) -> Settled {
+        let id = record.id;
+        let paths = self.ctx.paths.clone();
+        let left = match intent::load(&paths, id) {
+            Ok(Some(left)) => left,
+            Ok(None) => return Settled::Keep,
+            Err(e) => {
+                tracing::error!(computer = %id, error = %e, "unreadable intent; ignoring it");
+                return Settled::Keep;
             }
-        });
+        };
+        match (left, view) {
+            (_, Observed::Unknown(_)) => Settled::Keep,
+            (Intent::Create, Observed::Missing) => {
+                match intent::undo_create(&paths, id, record.workspace_from) {
+                    Ok(()) => {
+                        tracing::warn!(computer = %id, adopted = ?record.workspace_from, "undid a create cut short before its desktop was made");
+                        Settled::Gone
+                    }
+                    Err(e) => {
+                        tracing::error!(computer = %id, error = %e, "cannot undo a create cut short");
+                        Settled::Keep
+                    }
+                }
+            }
+            (Intent::Create, Observed::Present(info)) => {
+                tracing::warn!(computer = %id, state = %info.state, "a create cut short after its desktop was made: kept");
+                if let Err(e) = intent::clear(&paths, id) {
+                    tracing::error!(computer = %id, error = %e, "cannot clear a create's intent");
+                }
+                if info.state.is_up() {
+                    Settled::Keep
+                } else {
+                    Settled::Start
+                }
+            }
+            (Intent::Remove { purge }, view) => {
+                match self.finish_remove_cut_short(id, purge, view.is_up()).await {
+                    Ok(()) => {
+                        tracing::warn!(computer = %id, purge, "finished a remove cut short");
+                        Settled::Gone
+                    }
+                    Err(e) => {
+                        tracing::error!(computer = %id, error = %e.detail(), "cannot finish a remove cut short; it stays to be removed again");
+                        Settled::Keep
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rest of a remove cut short: the desktop stopped (by the engine,
+    /// within the stop timeout) and destroyed, the workspace purged if
+    /// asked, the record, run directory and stop reason deleted.
+    async fn finish_remove_cut_short(
+        &mut self,
+        id: Uuid,
+        purge: bool,
+        up: bool,
+    ) -> Result<(), BrokerError> {
+        let backend = self.ctx.backend.clone();
+        if up {
+            if let Err(e) = backend.suspend(id, self.ctx.config.stop_timeout).await {
+                tracing::warn!(computer = %id, error = %e, "stopping before the removal failed; destroying anyway");
+            }
+        }
+        backend.destroy(id).await?;
+        if purge {
+            remove_tree("purge workspace", &backend.workspace(id))?;
+        }
+        self.store.delete(id, purge)?;
+        self.ctx.stops.clear(&stop_key(id))?;
+        Ok(())
     }
 
     /// Checks once, off the owner task, that the backend's change stream
@@ -249,9 +305,11 @@ impl Owner {
         c.refresh.in_flight = false;
         let mut again = std::mem::take(&mut c.refresh.again);
         if epoch == c.refresh.epoch {
+            let view = self.while_lost(view);
             self.apply_view(id, view, image_present);
             self.witnessed(id);
             self.after_resync(id);
+            self.reconciled(Some(id));
         } else {
             // Older than an operation's own view: ask again instead.
             again = true;
@@ -275,14 +333,23 @@ impl Owner {
         let now_up = view.is_up();
         c.engine = view;
         let changed = c.engine_seen;
+        let mut gap = false;
         if known {
             c.image_present = image_present;
             c.last_up = now_up;
             c.engine_seen = true;
+            gap = std::mem::take(&mut c.engine_gap);
+        } else {
+            // The engine cannot say: whatever happens now happens unwatched.
+            c.engine_gap = true;
         }
         if c.op.is_some() || !known {
             return;
         }
+        self.watched_run(id, now_up, was_up && !now_up, gap);
+        let Some(c) = self.computers.get_mut(&id) else {
+            return;
+        };
         if was_up && !now_up {
             tracing::info!(computer = %id, "container went down");
             if changed {
@@ -378,6 +445,17 @@ fn orphan(listed: Listed) -> Orphan {
         owner: listed.owner,
         state: listed.state,
     }
+}
+
+/// What settling a computer's intent left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// The computer stays as it is.
+    Keep,
+    /// It stays, and its desktop, made but never started, is started.
+    Start,
+    /// The computer is gone (a create undone, a remove finished).
+    Gone,
 }
 
 fn computer_state_of(view: &Observed) -> String {

@@ -184,9 +184,15 @@ impl Owner {
         (id, fence, body): (Uuid, Fence, ChannelReader),
         reply: Reply<ImportSummary>,
     ) -> Answer<ImportSummary> {
-        let c = match self.admit_idle_op(id, fence) {
-            Ok(c) => c,
-            Err(e) => return Answer::Now(reply, Err(e)),
+        if let Err(e) = self
+            .admit_idle_op(id, fence)
+            .map(drop)
+            .and_then(|()| self.require_known(id))
+        {
+            return Answer::Now(reply, Err(e));
+        }
+        let Some(c) = self.computers.get(&id) else {
+            return Answer::Now(reply, Err(BrokerError::NotFound(id)));
         };
         let down = match &c.engine {
             Observed::Missing => true,
@@ -214,9 +220,12 @@ impl Owner {
                 };
                 let limits = grant.limits.import;
                 let path = grant.path;
-                let done =
-                    tokio::task::spawn_blocking(move || replace_from_tar(&path, reader, &limits))
-                        .await;
+                let op = crate::faults::current();
+                let done = tokio::task::spawn_blocking(move || {
+                    let _op = crate::faults::scope_of(op);
+                    replace_from_tar(&path, reader, &limits)
+                })
+                .await;
                 drop(guard);
                 match done {
                     Ok(result) => result.map_err(BrokerError::from),
@@ -296,16 +305,21 @@ pub fn recover_all(paths: &Paths) {
         return;
     };
     for entry in entries.flatten() {
-        let Some(id) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| Uuid::parse_str(n).ok())
-        else {
+        let Some(id) = Paths::computer_of(&entry) else {
             continue;
         };
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         if !is_dir {
             continue;
+        }
+        match workspace::journal::recover(&paths.workspace(id)) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::warn!(computer = %id, removed, "removed the temp files of file writes cut short");
+            }
+            Err(e) => {
+                tracing::error!(computer = %id, error = %e, "cannot finish the journal of file writes");
+            }
         }
         match workspace::recover(&paths.workspace(id)) {
             Ok(done) if done.acted() => {

@@ -97,7 +97,7 @@ pub fn answer_bound(batch: &ActionBatch) -> Duration {
 /// for, by its media type and by its bytes' signature, a clipboard text
 /// (in the payload, after the images) only where a `clipboard_get`
 /// succeeded, within its bound.
-fn fit(
+pub(crate) fn fit(
     names: &[(ActionName, Option<ImageFormat>)],
     answer: GuestActionResults,
     payload: &[u8],

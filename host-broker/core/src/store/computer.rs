@@ -56,6 +56,13 @@ pub struct ComputerRecord {
     /// has none and reads as the broker's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<dormouse_protocol::egress_policy::EgressPolicy>,
+    /// Since when the desktop is wanted running: set when it is created or
+    /// started (or seen running), cleared when the broker stops it (for any
+    /// reason) or sees it go down while it watches. A desktop found stopped
+    /// at start-up with this set went down unwatched, with the host or the
+    /// engine, and is started again ([`crate::config::ResumeAfterRestart`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted_running_since: Option<DateTime<Utc>>,
 }
 
 impl ComputerRecord {
@@ -114,11 +121,7 @@ impl ComputerStore {
             source: e,
         })?;
         for entry in entries.flatten() {
-            let Some(id) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| Uuid::parse_str(n).ok())
-            else {
+            let Some(id) = Paths::computer_of(&entry) else {
                 continue;
             };
             match self.load(id) {
@@ -146,8 +149,14 @@ impl ComputerStore {
             return super::sync_dir(&self.paths.computers());
         }
         remove_file(&self.paths.record(id))?;
+        // After the record: an intent without a record is settled at
+        // start-up, a record without its remove intent would not be.
+        super::intent::clear(&self.paths, id)?;
         super::last_screen::forget(&self.paths, id)?;
-        remove_tree("remove", &self.paths.run_dir(id))
+        crate::faults::step("store: last screen forgotten");
+        remove_tree("remove", &self.paths.run_dir(id))?;
+        crate::faults::step("store: run directory removed");
+        Ok(())
     }
 
     /// Moves the workspace a record adopts into place when a crash came
@@ -200,6 +209,7 @@ pub(crate) mod tests {
             created_at: Utc::now(),
             workspace_from: None,
             egress: None,
+            wanted_running_since: None,
             spec: BackendSpec::encode(&serde_json::json!({
                 "name": format!("dormouse-{id}"),
                 "image": "sha256:abc",

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <data>/computers/<id>/computer.json   ComputerRecord (with its lease and generation)
+//! <data>/computers/<id>/intent.json     Intent: a create or remove under way
 //! <data>/computers/<id>/workspace/      the desktop's workspace (uid 1000), kept on remove
 //! <data>/computers/<id>/run/            bind-mounted to /run/dormouse (supervisor.sock)
 //! <data>/computers/<id>/last-screen.webp LastScreen: the screen before the last stop
@@ -17,6 +18,7 @@
 //! This module owns file formats and paths; it never talks to the engine.
 
 pub mod computer;
+pub mod intent;
 pub mod last_screen;
 pub mod lease;
 pub mod stop_reason;
@@ -30,6 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::faults;
 pub use crate::paths::Paths;
 pub use computer::{ComputerRecord, ComputerStore};
 pub use last_screen::LastScreen;
@@ -119,15 +122,55 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
             .map_err(|e| StoreError::io("create", &tmp, e))?;
         file.write_all(bytes)
             .map_err(|e| StoreError::io("write", &tmp, e))?;
+        faults::step("store: temp file written");
         file.sync_all()
             .map_err(|e| StoreError::io("fsync", &tmp, e))?;
+        faults::step("store: temp file fsynced");
         fs::rename(&tmp, path).map_err(|e| StoreError::io("rename", path, e))?;
-        sync_dir(dir)
+        faults::step("store: renamed into place");
+        sync_dir(dir)?;
+        faults::step("store: directory fsynced");
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Removes the temp files of atomic writes ([`write_atomic`]) that a crash
+/// cut short, in every computer directory and among the stop records;
+/// returns how many. Only at start-up, before anything writes. Blocking.
+pub fn remove_stale_temps(paths: &Paths) -> usize {
+    let mut dirs = vec![paths.stops(), paths.data().to_owned()];
+    if let Ok(entries) = fs::read_dir(paths.computers()) {
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    let mut removed = 0;
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = name.starts_with('.') && name.ends_with(".tmp");
+            if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) => {
+                        tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a stale temp file");
+                    }
+                }
+            }
+        }
+    }
+    removed
 }
 
 /// fsyncs a directory so a rename or unlink in it is durable.
@@ -184,9 +227,11 @@ pub fn remove_file(path: &Path) -> Result<(), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StoreError::io("remove", path, e)),
     }
+    faults::step("store: file removed");
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }
+    faults::step("store: removal fsynced");
     Ok(())
 }
 

@@ -25,9 +25,11 @@ use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::{fchmod, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
+use super::journal;
 use super::path::{kind_of, resolve_error, PathError, WorkspacePath, WorkspaceRoot};
 use super::tree::{self, chown_fd, lstat_at, open_child_dir, open_regular, read_names};
 use super::{Owner, WorkspaceError};
+use crate::faults;
 
 /// Limits and ownership for file operations.
 #[derive(Debug, Clone)]
@@ -255,14 +257,27 @@ pub fn write_file(
             }
         },
     };
-    let tmp = format!(".dormouse-write-{}.tmp", uuid::Uuid::new_v4().simple());
-    let fd = openat(
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = journal::temp_name(&id);
+    // Durable before the temp file exists, so a crash cannot leave it.
+    let entry = journal::begin(root, &parent_rel, &id)?;
+    faults::step("write: journaled");
+    let fd = match openat(
         &parent,
         tmp.as_str(),
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o600),
-    )
-    .map_err(|e| WorkspaceError::io("create temp file in", &parent_rel, e.into()))?;
+    ) {
+        Ok(fd) => fd,
+        Err(e) => {
+            entry.done();
+            return Err(WorkspaceError::io(
+                "create temp file in",
+                &parent_rel,
+                e.into(),
+            ));
+        }
+    };
     let target = Target {
         parent: &parent,
         tmp: &tmp,
@@ -273,6 +288,7 @@ pub fn write_file(
     if result.is_err() {
         let _ = unlinkat(&parent, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
     }
+    entry.done();
     let bytes = result?;
     Ok(WriteOutcome {
         bytes,
@@ -353,11 +369,13 @@ fn fill_and_rename(
         });
     }
     file.flush().map_err(io("write"))?;
+    faults::step("write: temp file written");
     // Mode before owner: once it belongs to someone else a chmod would need
     // CAP_FOWNER.
     fchmod(&file, Mode::from_bits_truncate(mode)).map_err(|e| io("chmod")(e.into()))?;
     chown_fd(&file, cfg.owner).map_err(io("chown"))?;
     file.sync_all().map_err(io("fsync"))?;
+    faults::step("write: temp file fsynced");
     // rename replaces the name: a symlink planted there meanwhile is
     // replaced, not followed; a directory makes it fail.
     renameat(parent, tmp, parent, name).map_err(|e| match e {
@@ -366,7 +384,9 @@ fn fill_and_rename(
         },
         e => WorkspaceError::io("rename into place", rel, e.into()),
     })?;
+    faults::step("write: renamed into place");
     nix::unistd::fsync(parent).map_err(|e| io("fsync directory of")(e.into()))?;
+    faults::step("write: directory fsynced");
     Ok(bytes)
 }
 

@@ -20,6 +20,7 @@
 //!
 //! - [`path`]: workspace-relative paths and their resolution;
 //! - [`files`]: read, list, atomic write, delete;
+//! - [`journal`]: the writes in progress, so a crash leaves no temp file;
 //! - [`disk`]: disk usage measured on request, bounded in time;
 //! - [`archive`]: export as tar (plain, gzip, zstd), import (staged, then
 //!   swapped), recovery;
@@ -29,6 +30,7 @@
 pub mod archive;
 pub mod disk;
 pub mod files;
+pub mod journal;
 pub mod path;
 pub mod stream;
 mod tree;

@@ -33,6 +33,7 @@ use super::error::HttpError;
 use super::extract::{ComputerId, Generation, JsonBody};
 use super::{computers, ApiState};
 use dormouse_core::error::BrokerError;
+use dormouse_core::faults;
 use dormouse_core::owner::workspace::{WorkspaceAccess, WorkspaceGrant};
 use dormouse_core::workspace::stream::Chunk;
 use dormouse_core::workspace::{
@@ -134,15 +135,20 @@ pub async fn put_file(
         }
         let cfg = grant.limits.files.clone();
         let (path, actor) = (rel.to_string(), grant.actor.clone());
-        let outcome = with_body(request, move |body| {
+        let write = with_body(request, move |body| {
+            faults::step("write: granted");
             write_file(&root(&grant)?, &rel, body, options, &cfg)
-        })
-        .await?;
+        });
+        let outcome = faults::within(faults::op::FILE_WRITE, write).await?;
         let what = Happened::FileWrite {
             path,
             bytes: outcome.bytes,
         };
         state.broker.record_activity(id, actor, &what);
+        faults::within(faults::op::FILE_WRITE, async {
+            faults::step("write: activity recorded");
+        })
+        .await;
         Ok((created_or_ok(outcome.created), Json(outcome)).into_response())
     })
     .await
@@ -204,7 +210,7 @@ pub async fn disk(State(state): State<ApiState>, ComputerId(id): ComputerId) -> 
 /// file; without it, an `Accept-Encoding` naming zstd or gzip compresses
 /// the transfer (`Content-Encoding`) of what stays a tar.
 pub async fn export(State(state): State<ApiState>, request: Request) -> Response {
-    answer(async move {
+    answer(faults::within(faults::op::EXPORT, async move {
         let id = computer_of(&request)?;
         let mut quiesce = true;
         let mut asked = None;
@@ -227,6 +233,7 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
             .broker
             .workspace(id, WorkspaceAccess::Export { quiesce })
             .await?;
+        faults::step("export: granted");
         // Opened before answering, so a missing workspace is a clean error
         // (and the hold, dropped with the grant, ends at once).
         let path = grant.path.clone();
@@ -239,12 +246,16 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
             Ok(root)
         })
         .await?;
+        faults::step("export: checked");
         let limits = grant.limits.import.clone();
         let quiesced = grant.quiesced;
         let hold = grant.hold.take();
         let (broker, actor) = (state.broker.clone(), grant.actor.clone());
         let body = stream_from(move |w| {
+            let _op = faults::scope(faults::op::EXPORT);
+            faults::step("export: streaming begun");
             let result = export_archive(&root, w, compression, &limits);
+            faults::step("export: archive written");
             // The archive is read (or given up: a client that went away
             // fails the next write): the guest may reopen the browsers.
             drop(hold);
@@ -257,6 +268,7 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
                         entries,
                     };
                     broker.record_activity(id, actor, &what);
+                    faults::step("export: activity recorded");
                     Ok(())
                 }
                 Err(e) => {
@@ -287,7 +299,7 @@ pub async fn export(State(state): State<ApiState>, request: Request) -> Response
             }
         }
         Ok(response)
-    })
+    }))
     .await
 }
 
@@ -433,6 +445,12 @@ async fn answer_upload(work: impl Future<Output = Result<Response, HttpError>>) 
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 ) -> Result<T, HttpError> {
+    // The operation of the calling task (crash points), carried over.
+    let op = faults::current();
+    let work = move || {
+        let _op = faults::scope_of(op);
+        work()
+    };
     match tokio::task::spawn_blocking(work).await {
         Ok(result) => result.map_err(|e| BrokerError::from(e).into()),
         Err(e) => Err(BrokerError::Internal(format!("workspace task: {e}")).into()),
@@ -534,7 +552,7 @@ fn computer_of(request: &Request) -> Result<Uuid, HttpError> {
 /// The computer, the workspace path and the query of a files route. The
 /// path is taken raw and percent-decoded to bytes; `…/files` and
 /// `…/files/` both name the workspace root.
-fn target(request: &Request) -> Result<(Uuid, WorkspacePath, Query), HttpError> {
+pub(crate) fn target(request: &Request) -> Result<(Uuid, WorkspacePath, Query), HttpError> {
     let (id, after) = split_computer(request.uri().path())?;
     let raw = after.strip_prefix("files").unwrap_or("");
     let raw = raw.strip_prefix('/').unwrap_or(raw);
@@ -552,7 +570,7 @@ fn target(request: &Request) -> Result<(Uuid, WorkspacePath, Query), HttpError> 
 type Query = Vec<(String, String)>;
 
 /// `%XX` escapes to bytes; `None` on a malformed escape.
-fn percent_decode(raw: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn percent_decode(raw: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -571,7 +589,7 @@ fn percent_decode(raw: &[u8]) -> Option<Vec<u8>> {
 
 /// `key=value` pairs of a query, percent-decoded (`+` is a space); a key
 /// alone means `true`.
-fn query_pairs(query: Option<&str>) -> Result<Query, HttpError> {
+pub(crate) fn query_pairs(query: Option<&str>) -> Result<Query, HttpError> {
     let mut pairs = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));

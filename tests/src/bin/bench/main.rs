@@ -76,26 +76,7 @@ enum Part {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("dormouse-bench: cannot watch SIGTERM: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // Dropping `run` on a signal drops its guards: nothing is left behind.
-    tokio::select! {
-        result = run(args) => match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("dormouse-bench: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        _ = tokio::signal::ctrl_c() => { eprintln!("dormouse-bench: interrupted"); ExitCode::from(130) }
-        _ = term.recv() => { eprintln!("dormouse-bench: terminated"); ExitCode::from(143) }
-    }
+    dormouse_e2e::run_to_end_or_signal("dormouse-bench", run(Args::parse())).await
 }
 
 /// Memory of one idle desktop.
@@ -107,7 +88,7 @@ struct Memory {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let image = resolve_image(args.image.as_deref()).await?;
+    let image = dormouse_e2e::engine::resolve_image(args.image.as_deref()).await?;
     eprintln!("dormouse-bench: image {image}, {} runs", args.runs);
     let scratch = TempDir::new("dormouse-bench");
 
@@ -136,16 +117,6 @@ async fn run(args: Args) -> Result<()> {
         &shell_numbers,
     );
     Ok(())
-}
-
-async fn resolve_image(image: Option<&str>) -> Result<String> {
-    let image = image
-        .map(str::to_owned)
-        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
-        .unwrap_or_else(|| dormouse_e2e::DEFAULT_IMAGE.to_owned());
-    docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
-        .await
-        .with_context(|| format!("image {image} (run scripts/build-image)"))
 }
 
 /// `docker start` of the image with `sleep` as its entrypoint, through the

@@ -19,8 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::StatusCode;
-use dormouse_e2e::client::{ApiClient, ClientError, EventStream, Waits as _};
+use dormouse_e2e::client::{start_retrying, ApiClient, EventStream, Waits as _};
 use dormouse_e2e::engine::{self, EngineEventRecorder, Killed};
 use dormouse_e2e::guest::{Guest, GuestUser};
 use dormouse_e2e::latency::{ms, Samples};
@@ -77,29 +76,19 @@ struct Written {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("dormouse-chaos: cannot watch SIGTERM: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     // Dropping `run` on a signal drops the broker fixture, which removes the
     // container and the data directory.
     tokio::select! {
         code = run(args) => code,
-        _ = tokio::signal::ctrl_c() => { eprintln!("dormouse-chaos: interrupted"); ExitCode::from(130) }
-        _ = term.recv() => { eprintln!("dormouse-chaos: terminated"); ExitCode::from(143) }
+        how = dormouse_e2e::termination() => match how {
+            Ok(how) => { eprintln!("dormouse-chaos: {how}"); ExitCode::from(how.exit_code()) }
+            Err(e) => { eprintln!("dormouse-chaos: cannot watch the signals: {e}"); ExitCode::FAILURE }
+        },
     }
 }
 
 async fn run(args: Args) -> ExitCode {
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-    });
+    let seed = dormouse_e2e::seed_or_now(args.seed);
     eprintln!("dormouse-chaos: {} cycles, seed {seed}", args.cycles);
     let mut chaos = match Chaos::set_up(&args, seed).await {
         Ok(chaos) => chaos,
@@ -143,8 +132,12 @@ struct Chaos {
 
 impl Chaos {
     async fn set_up(args: &Args, seed: u64) -> Result<Self> {
-        let image = resolve_image(args.image.as_deref()).await?;
-        let broker = BrokerProcess::start(BrokerOptions::new(&image)).await?;
+        let image = engine::resolve_image(args.image.as_deref()).await?;
+        let mut options = BrokerOptions::new(&image);
+        // Every resume after a kill is the harness's own, to be timed: a
+        // broker started again must not start the desktop by itself.
+        options.extra_args = vec!["--resume-after-restart".into(), "none".into()];
+        let broker = BrokerProcess::start(options).await?;
         let api = broker.client();
         let mut events = EventStream::open(&api).await?;
         let created = api
@@ -603,27 +596,6 @@ impl Chaos {
     }
 }
 
-/// `POST start`, retried while the broker still settles the last stop (409
-/// "… in progress" for a short while is fair; forever is not). Any other
-/// refusal is an answer.
-async fn start_retrying(api: &ApiClient, id: Uuid) -> Result<ComputerStatus> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match api.start(id).await {
-            Ok(status) => return Ok(status),
-            Err(ClientError::Api {
-                status, message, ..
-            }) if status == StatusCode::CONFLICT
-                && message.contains("in progress")
-                && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// Writes `contents` to `path` on the host (temp file, fsync, rename, fsync
 /// the directory) owned by the desktop user, as a host-side tool would.
 fn write_synced_on_host(dir: &Path, path: &Path, contents: &str) -> Result<()> {
@@ -641,14 +613,4 @@ fn write_synced_on_host(dir: &Path, path: &Path, contents: &str) -> Result<()> {
     nix::unistd::chown(dir, desk, desk_group).context("chown to the desktop user")?;
     nix::unistd::chown(path, desk, desk_group).context("chown to the desktop user")?;
     Ok(())
-}
-
-async fn resolve_image(image: Option<&str>) -> Result<String> {
-    let image = image
-        .map(str::to_owned)
-        .or_else(|| std::env::var("DORMOUSE_TEST_IMAGE").ok())
-        .unwrap_or_else(|| dormouse_e2e::DEFAULT_IMAGE.to_owned());
-    engine::docker_ok(&["image", "inspect", "--format", "{{.Id}}", &image])
-        .await
-        .with_context(|| format!("image {image} (run scripts/build-image)"))
 }

@@ -39,6 +39,7 @@ use serde::Serialize;
 
 use super::import::extract;
 use super::{ImportLimits, ImportSummary};
+use crate::faults;
 use crate::workspace::path::kind_of;
 use crate::workspace::tree::{chown_fd, open_child_dir, DIR_FLAGS};
 use crate::workspace::{Owner, WorkspaceError};
@@ -196,7 +197,9 @@ impl Site {
         let result = (|| {
             let staged = open_child_dir(self.fd(), &self.staging)
                 .map_err(|e| WorkspaceError::io("open", self.host(&self.staging), e))?;
+            faults::step("import: staging directory made");
             let summary = extract(staged.as_fd(), input, limits)?;
+            faults::step("import: archive extracted");
             let host = self.host(&self.staging);
             fchmod(&staged, Mode::from_bits_truncate(root_mode & 0o777))
                 .map_err(|e| WorkspaceError::io("chmod", &host, e.into()))?;
@@ -204,6 +207,7 @@ impl Site {
             // One flush of the filesystem instead of an fsync per file.
             nix::unistd::syncfs(&staged)
                 .map_err(|e| WorkspaceError::io("syncfs", &host, e.into()))?;
+            faults::step("import: staged tree flushed");
             Ok(summary)
         })();
         if result.is_err() {
@@ -259,9 +263,13 @@ fn swap_in(site: &Site, exchange: bool) -> Result<bool, WorkspaceError> {
             RenameFlags::RENAME_EXCHANGE,
         ) {
             Ok(()) => {
+                faults::step("import: trees exchanged");
                 site.sync()?;
+                faults::step("import: exchange fsynced");
                 // The old tree is at the staging name now.
-                return Ok(remove_logged(site, &site.staging));
+                let removed = remove_logged(site, &site.staging);
+                faults::step("import: old tree removed");
+                return Ok(removed);
             }
             Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {}
             Err(e) => {
@@ -275,6 +283,7 @@ fn swap_in(site: &Site, exchange: bool) -> Result<bool, WorkspaceError> {
         }
     }
     site.rename(&site.name, &site.previous)?;
+    faults::step("import: old tree set aside");
     if let Err(e) = site.rename(&site.staging, &site.name) {
         // Put the old one back before answering.
         site.rename(&site.previous, &site.name)?;

@@ -13,9 +13,15 @@
 //! stops with staggered windows: how late each fires against the
 //! `stops_at` the broker announced.
 //!
+//! Then (or alone, `--only restart`) the restart part ([`restart`]): the
+//! time until all `--restart-desktops` (50) desktops are ready again after
+//! the host went down, beside one resume alone.
+//!
 //! A benchmark, not a test: it prints figures beside the targets and never
 //! asserts them. Every container it made is removed when it ends, also on
 //! Ctrl-C (the broker guard removes its labelled containers when dropped).
+
+mod restart;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -27,7 +33,7 @@ use tokio::time::Instant;
 use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use clap::Parser;
-use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
+use dormouse_e2e::broker::{cpu_seconds, BrokerOptions, BrokerProcess};
 use dormouse_e2e::client::{ApiClient, EventStream, Waits};
 use dormouse_e2e::engine::docker_ok;
 use dormouse_e2e::latency::{ms, Samples};
@@ -66,25 +72,29 @@ struct Args {
     /// Desktops created at once while growing the fleet.
     #[arg(long, default_value_t = 3)]
     parallel: usize,
+    /// Run only this part.
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+    /// Desktops of the restart part (0: skip it).
+    #[arg(long, default_value_t = 50)]
+    restart_desktops: usize,
+    /// `--resume-concurrency` of the restart part's broker [default: the broker's own].
+    #[arg(long)]
+    resume_concurrency: Option<u16>,
+}
+
+/// A part of the benchmark that can run alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// The fleet grown step by step, then the idle stops.
+    Steps,
+    /// The host goes down with every desktop running; the broker brings them back.
+    Restart,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    tokio::select! {
-        result = run(args) => match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("dormouse-bench-scale: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        _ = tokio::signal::ctrl_c() => {
-            // Returning drops the broker guard, which removes every container.
-            eprintln!("dormouse-bench-scale: interrupted; removing its desktops");
-            ExitCode::from(130)
-        }
-    }
+    dormouse_e2e::run_to_end_or_signal("dormouse-bench-scale", run(Args::parse())).await
 }
 
 /// Figures of one step.
@@ -105,16 +115,33 @@ struct Step {
 }
 
 async fn run(args: Args) -> Result<()> {
-    if args.running.len() != args.stopped.len() || args.running.is_empty() {
-        bail!("--running and --stopped need the same number of steps");
-    }
     let image = match args.image.clone() {
         Some(i) => i,
         None => std::env::var("DORMOUSE_TEST_IMAGE")
             .context("give --image or set DORMOUSE_TEST_IMAGE (scripts/bench-scale does)")?,
     };
+    if args.only != Some(Part::Restart) {
+        run_steps(&args, &image).await?;
+    }
+    if args.only != Some(Part::Steps) && args.restart_desktops > 0 {
+        let figures = restart::measure(
+            &image,
+            args.restart_desktops,
+            args.parallel,
+            args.resume_concurrency,
+        )
+        .await?;
+        figures.print();
+    }
+    Ok(())
+}
+
+async fn run_steps(args: &Args, image: &str) -> Result<()> {
+    if args.running.len() != args.stopped.len() || args.running.is_empty() {
+        bail!("--running and --stopped need the same number of steps");
+    }
     let most_running = args.running.iter().copied().max().unwrap_or(0);
-    let mut options = BrokerOptions::new(image.clone());
+    let mut options = BrokerOptions::new(image);
     // Room for the running desktops plus the batch being created (and
     // stopped again) while the fleet grows.
     options.max_instances =
@@ -220,13 +247,11 @@ async fn measure(
 
     // The broker at rest.
     let pid = broker.pid().context("broker pid")?;
-    let cpu_before = proc_cpu_ticks(pid)?;
+    let cpu_before = cpu_seconds(pid)?;
     let rest_started = Instant::now();
     tokio::time::sleep(REST_FOR).await;
-    let ticks = proc_cpu_ticks(pid)?.saturating_sub(cpu_before);
-    let hz = 100.0; // USER_HZ on Linux
-    step.broker_cpu_percent =
-        Some(ticks as f64 / hz / rest_started.elapsed().as_secs_f64() * 100.0);
+    let cpu = (cpu_seconds(pid)? - cpu_before).max(0.0);
+    step.broker_cpu_percent = Some(cpu / rest_started.elapsed().as_secs_f64() * 100.0);
     step.broker_rss_mib = proc_rss_mib(pid);
 
     // Reads with 20 concurrent clients.
@@ -563,21 +588,6 @@ fn proc_rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// utime + stime of a process, in clock ticks.
-fn proc_cpu_ticks(pid: u32) -> Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which may hold spaces and parentheses.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("malformed stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
-    let utime: u64 = fields.get(11).context("utime")?.parse()?;
-    let stime: u64 = fields.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,18 +598,5 @@ mod tests {
         assert_eq!(parse_mib("1GiB"), Some(1024.0));
         assert_eq!(parse_mib("512KiB"), Some(0.5));
         assert_eq!(parse_mib("lots"), None);
-    }
-
-    #[test]
-    fn own_cpu_ticks_grow_with_work() {
-        let before = proc_cpu_ticks(std::process::id()).expect("own stat");
-        let started = Instant::now();
-        let mut x: u64 = 1;
-        while started.elapsed() < Duration::from_millis(200) {
-            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
-        }
-        let after = proc_cpu_ticks(std::process::id()).expect("own stat");
-        // 200 ms of CPU is 20 ticks at USER_HZ 100; allow for a busy machine.
-        assert!(after > before, "ticks {before} -> {after}");
     }
 }
