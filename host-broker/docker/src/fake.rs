@@ -103,6 +103,8 @@ struct State {
     calls: Vec<Call>,
     unavailable: bool,
     failures: HashMap<Verb, Vec<EngineError>>,
+    /// Failures answered after the call did its work.
+    late_failures: HashMap<Verb, Vec<EngineError>>,
     delays: HashMap<Verb, Duration>,
     next_delays: HashMap<Verb, Vec<Duration>>,
     stop_exit_code: i64,
@@ -250,6 +252,17 @@ impl FakeEngine {
     /// The next call of `verb` fails with `error` (queued in order).
     pub fn fail_next(&self, verb: Verb, error: EngineError) {
         self.lock().failures.entry(verb).or_default().push(error);
+    }
+
+    /// The next call of `verb` does its work, then answers `error` (as
+    /// Podman answers a start whose container was killed at once).
+    /// Only `start` takes these.
+    pub fn fail_next_after_acting(&self, verb: Verb, error: EngineError) {
+        self.lock()
+            .late_failures
+            .entry(verb)
+            .or_default()
+            .push(error);
     }
 
     /// Every later call of `verb` takes this long (tokio time) before acting.
@@ -553,7 +566,10 @@ impl Engine for FakeEngine {
                 self.run_hook(true, name);
                 self.emit("start", name);
             }
-            Ok(())
+            match self.lock().late_failures.get_mut(&Verb::Start) {
+                Some(queue) if !queue.is_empty() => Err(queue.remove(0)),
+                _ => Ok(()),
+            }
         })
     }
 

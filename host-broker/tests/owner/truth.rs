@@ -155,5 +155,46 @@ async fn events_arrive_from_an_engine_blind_to_bare_label_filters() {
     assert_eq!(rig.metrics.divergences(), before);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_start_the_engine_failed_after_a_kill_shows_the_kill_not_the_stop_before() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let id = rig.create().await.id;
+    let name = Rig::name(id);
+    let before = rig.handle.stop(id, None).await.unwrap();
+    assert_eq!(before.stop_reason, Some(StopReason::Manual), "{before:?}");
+
+    // The container starts, is killed at once, and the engine answers the
+    // start with an error (as Podman does); its inspect is slow to come.
+    let fake = Arc::downgrade(&rig.fake);
+    let once = AtomicBool::new(true);
+    rig.fake.on_start(move |info| {
+        if let (true, Some(fake)) = (once.swap(false, Ordering::SeqCst), fake.upgrade()) {
+            fake.foreign_kill(&info.name);
+            fake.delay_next(Verb::Inspect, Duration::from_millis(100));
+        }
+    });
+    rig.fake.fail_next_after_acting(
+        Verb::Start,
+        EngineError::Failed("container is not running".into()),
+    );
+    let failed = rig.handle.start(id, None).await.unwrap_err();
+    assert!(matches!(failed, BrokerError::Engine(_)), "{failed:?}");
+
+    // Never the stop before, as if the start had not happened.
+    let s = rig.handle.get(id).await.unwrap();
+    assert!(
+        s.stop_reason != Some(StopReason::Manual) && s.stopped_at != before.stopped_at,
+        "the run before is shown: {s:?}"
+    );
+    let s = rig.until(id, "the kill seen", stopped).await;
+    assert_eq!(s.stop_reason, Some(StopReason::Killed), "{s:?}");
+    assert_eq!(
+        s.stopped_at,
+        rig.fake.container(&name).and_then(|c| c.finished_at),
+        "{s:?}"
+    );
+    assert!(s.resumable, "{s:?}");
+}
+
 /// The witness's grace for the engine's own event.
 const EVENT_GRACE_FOR_TESTS: Duration = dormouse_core::owner::EVENT_GRACE;

@@ -450,6 +450,17 @@ impl Owner {
                 if !matches!(e, BrokerError::WrongState(_)) {
                     c.op_problem = Some(e.to_string());
                 }
+                // An engine that failed the start may have started the
+                // container all the same (Podman answers an error for one
+                // killed at once): what was known before the start is no
+                // longer known, and must not be shown (a stop reason of the
+                // run before) until the engine has been asked again.
+                if matches!(e, BrokerError::Engine(_) | BrokerError::Internal(_)) {
+                    c.engine = Observed::Unknown(format!(
+                        "asking the engine again after {} failed",
+                        kind.describe()
+                    ));
+                }
                 let _ = reply.send(Err(e));
                 self.refresh(id);
             }
