@@ -103,8 +103,8 @@ struct State {
     calls: Vec<Call>,
     unavailable: bool,
     failures: HashMap<Verb, Vec<EngineError>>,
-    /// Failures answered after the call did its work.
-    late_failures: HashMap<Verb, Vec<EngineError>>,
+    /// Failures a start answers after it did its work.
+    late_start_failures: Vec<EngineError>,
     delays: HashMap<Verb, Duration>,
     next_delays: HashMap<Verb, Vec<Duration>>,
     stop_exit_code: i64,
@@ -254,15 +254,10 @@ impl FakeEngine {
         self.lock().failures.entry(verb).or_default().push(error);
     }
 
-    /// The next call of `verb` does its work, then answers `error` (as
-    /// Podman answers a start whose container was killed at once).
-    /// Only `start` takes these.
-    pub fn fail_next_after_acting(&self, verb: Verb, error: EngineError) {
-        self.lock()
-            .late_failures
-            .entry(verb)
-            .or_default()
-            .push(error);
+    /// The next start does its work, then answers `error` (as Podman
+    /// answers a start whose container was killed at once).
+    pub fn fail_next_start_after_acting(&self, error: EngineError) {
+        self.lock().late_start_failures.push(error);
     }
 
     /// Every later call of `verb` takes this long (tokio time) before acting.
@@ -566,9 +561,11 @@ impl Engine for FakeEngine {
                 self.run_hook(true, name);
                 self.emit("start", name);
             }
-            match self.lock().late_failures.get_mut(&Verb::Start) {
-                Some(queue) if !queue.is_empty() => Err(queue.remove(0)),
-                _ => Ok(()),
+            let mut s = self.lock();
+            if s.late_start_failures.is_empty() {
+                Ok(())
+            } else {
+                Err(s.late_start_failures.remove(0))
             }
         })
     }

@@ -173,10 +173,8 @@ async fn a_start_the_engine_failed_after_a_kill_shows_the_kill_not_the_stop_befo
             fake.delay_next(Verb::Inspect, Duration::from_millis(100));
         }
     });
-    rig.fake.fail_next_after_acting(
-        Verb::Start,
-        EngineError::Failed("container is not running".into()),
-    );
+    rig.fake
+        .fail_next_start_after_acting(EngineError::Failed("container is not running".into()));
     let failed = rig.handle.start(id, None).await.unwrap_err();
     assert!(matches!(failed, BrokerError::Engine(_)), "{failed:?}");
 
