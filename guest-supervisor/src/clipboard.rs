@@ -4,8 +4,11 @@
 //!
 //! Owns running xclip, bounded in time and in bytes. `set` feeds the text
 //! to `xclip -i` for CLIPBOARD and for PRIMARY: each forks a child that
-//! owns its selection and answers requests for it, and the parent exits,
-//! so the batch goes on at once; the child exits when another client takes
+//! owns its selection and answers requests for it, and the parent exits.
+//! The parent exits with the ownership request still unsent in the child's
+//! buffer (the child sends it when it first waits for an event), so `set`
+//! returns only once the X server names a new owner of each selection: a
+//! `clipboard_get` right after reads the new text. The child exits when another client takes
 //! the selection (the next `set`, a copy in an application), and is reaped
 //! as an orphan by [`crate::init`], so calls never pile up processes.
 //! `get` reads `xclip -o` up to [`MAX_CLIPBOARD_BYTES`]. Every process is
@@ -20,10 +23,13 @@ use std::time::{Duration, Instant};
 
 use dormouse_protocol::actions::MAX_CLIPBOARD_BYTES;
 use nix::sys::signal::Signal;
+use x11rb::protocol::xproto::{AtomEnum, ConnectionExt as _};
+use x11rb::rust_connection::RustConnection;
 
 use crate::config::Config;
 use crate::init::{self, OwnedChild};
 use crate::services::desktop_command;
+use crate::x_client::{self, XError};
 
 /// How long one xclip may take.
 pub const XCLIP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,6 +50,9 @@ pub enum ClipboardError {
     /// The selection holds more than [`MAX_CLIPBOARD_BYTES`].
     #[error("the clipboard holds more than {MAX_CLIPBOARD_BYTES} bytes")]
     TooLarge,
+    /// The X server could not be asked who owns a selection.
+    #[error(transparent)]
+    X(#[from] XError),
 }
 
 impl ClipboardError {
@@ -53,6 +62,7 @@ impl ClipboardError {
             Self::TooLarge => "clipboard_too_large",
             Self::Timeout(_) => "timeout",
             Self::Spawn(_) | Self::Failed(_) => "clipboard_failed",
+            Self::X(_) => "x_error",
         }
     }
 }
@@ -79,10 +89,16 @@ fn wait(child: &mut OwnedChild, until: Instant) -> Result<init::ChildExit, Clipb
     }
 }
 
-/// Makes the desktop user's xclip own CLIPBOARD and PRIMARY with `text`.
+/// Makes the desktop user's xclip own CLIPBOARD and PRIMARY with `text`,
+/// and returns once the X server (asked on `conn`) names the new owners.
 /// Blocking; at most [`XCLIP_TIMEOUT`] per selection.
-pub fn set(config: &Config, text: &str) -> Result<(), ClipboardError> {
-    for selection in ["clipboard", "primary"] {
+pub fn set(config: &Config, conn: &RustConnection, text: &str) -> Result<(), ClipboardError> {
+    let clipboard = x_client::atom(conn, b"CLIPBOARD")?;
+    for (selection, atom) in [
+        ("clipboard", clipboard),
+        ("primary", AtomEnum::PRIMARY.into()),
+    ] {
+        let before = owner(conn, atom)?;
         let mut cmd = xclip(config, &["-selection", selection, "-i"]);
         cmd.stdin(Stdio::piped());
         let (mut owned, mut child) = init::spawn(&mut cmd)?;
@@ -101,8 +117,24 @@ pub fn set(config: &Config, text: &str) -> Result<(), ClipboardError> {
         if !exit.success() {
             return Err(ClipboardError::Failed(exit.to_string()));
         }
+        // xclip makes a window of its own for each run: a new owner is it.
+        loop {
+            let now = owner(conn, atom)?;
+            if now != before && now != x11rb::NONE {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(ClipboardError::Timeout(XCLIP_TIMEOUT));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
     Ok(())
+}
+
+/// The window that owns `selection` now (`NONE` when none does).
+fn owner(conn: &RustConnection, selection: u32) -> Result<u32, XError> {
+    Ok(conn.get_selection_owner(selection)?.reply()?.owner)
 }
 
 /// The text of CLIPBOARD, empty when nobody owns it. Blocking; at most

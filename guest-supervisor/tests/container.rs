@@ -208,13 +208,19 @@ impl Desktop {
         let before_logs = self.logs().lines().count();
         let t0 = chrono::Utc::now();
         docker_ok(&["start", &self.name]);
-        self.wait_for_x();
-        let logs = self.logs();
-        let line = logs
-            .lines()
-            .skip(before_logs)
-            .find(|l| l.contains("service ready") && l.contains("\"xvfb\""))
-            .unwrap_or_else(|| panic!("no xvfb ready line in:\n{logs}"));
+        // Its own line, not X answering: the supervisor logs it after its
+        // probe of the X server, which xdpyinfo may beat.
+        let mut line = None;
+        self.wait_until("the supervisor logs the X server ready", || {
+            line = self
+                .logs()
+                .lines()
+                .skip(before_logs)
+                .find(|l| l.contains("service ready") && l.contains("\"xvfb\""))
+                .map(str::to_owned);
+            line.is_some()
+        });
+        let line = line.unwrap_or_default();
         let stamp = line.split_whitespace().next().unwrap();
         let ready: chrono::DateTime<chrono::Utc> = stamp.parse().unwrap();
         (ready - t0).to_std().unwrap_or_default()

@@ -447,7 +447,7 @@ impl Runner<'_> {
                 let text = clipboard::get(self.desktop()?)?;
                 self.texts.push(text.into_bytes());
             }
-            Action::ClipboardSet { text } => clipboard::set(self.desktop()?, text)?,
+            Action::ClipboardSet { text } => clipboard::set(self.desktop()?, self.conn, text)?,
             Action::Screenshot { .. } => {
                 let spec = CaptureSpec {
                     region: None,
