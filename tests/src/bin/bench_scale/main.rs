@@ -264,13 +264,7 @@ async fn measure(
 
     // Resume of one desktop while the others run.
     let one = *running.last().context("no running desktop")?;
-    let mut events = EventStream::open(&api).await?;
-    api.stop(one).await?;
-    api.wait_stopped(&mut events, one, READY_TIMEOUT).await?;
-    let asked = Instant::now();
-    api.start(one).await?;
-    let ready = api.wait_ready(&mut events, one, READY_TIMEOUT).await?;
-    step.resume = Some(ready.at.duration_since(asked));
+    step.resume = Some(resume_one(&api, one).await?);
 
     // SIGKILL the broker, start it again: it answers only once reconciled.
     broker.kill(Signal::SIGKILL).await?;
@@ -586,6 +580,17 @@ fn proc_rss_mib(pid: u32) -> Option<f64> {
     let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// Stops `id`, then times its resume from the request to the pushed ready.
+async fn resume_one(api: &ApiClient, id: Uuid) -> Result<Duration> {
+    let mut events = EventStream::open(api).await?;
+    api.stop(id).await?;
+    api.wait_stopped(&mut events, id, READY_TIMEOUT).await?;
+    let asked = Instant::now();
+    api.start(id).await?;
+    let ready = api.wait_ready(&mut events, id, READY_TIMEOUT).await?;
+    Ok(ready.at.duration_since(asked))
 }
 
 #[cfg(test)]

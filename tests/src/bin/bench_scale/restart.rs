@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dormouse_e2e::broker::{BrokerOptions, BrokerProcess};
-use dormouse_e2e::client::{is_ready, EventStream, Waits};
+use dormouse_e2e::client::is_ready;
 use dormouse_e2e::engine::{docker_ok, inspect};
 use dormouse_e2e::latency::{ms, Samples};
 use dormouse_protocol::api::BrokerEvent;
@@ -25,7 +25,7 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{grow, mean, meminfo_available_mib, parse_mib, proc_rss_mib, READY_TIMEOUT};
+use super::{grow, mean, meminfo_available_mib, parse_mib, proc_rss_mib, resume_one};
 
 /// How long all the desktops may take to be ready again.
 const ALL_READY_TIMEOUT: Duration = Duration::from_secs(900);
@@ -83,13 +83,7 @@ pub async fn measure(
 
     // One resume alone, while the others run.
     let one = *ids.last().context("no desktop")?;
-    let mut events = EventStream::open(&api).await?;
-    api.stop(one).await?;
-    api.wait_stopped(&mut events, one, READY_TIMEOUT).await?;
-    let asked = Instant::now();
-    api.start(one).await?;
-    let ready = api.wait_ready(&mut events, one, READY_TIMEOUT).await?;
-    figures.one_resume = Some(ready.at.duration_since(asked));
+    figures.one_resume = Some(resume_one(&api, one).await?);
 
     // The host goes down: the broker first, then every container.
     let before = started_at(&ids).await?;
