@@ -79,6 +79,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The answer's body is longer than the caller can take: it was
+    /// refused at its first byte past `limit` (or by its `Content-Length`),
+    /// the rest never read.
+    #[error("{method} {path}: the answer is over the limit of {limit} bytes")]
+    TooLarge {
+        /// HTTP method.
+        method: Method,
+        /// Request path.
+        path: String,
+        /// The bound it went past.
+        limit: u64,
+    },
     /// The `/v1/events` stream.
     #[error("event stream")]
     Events(#[from] EventsError),

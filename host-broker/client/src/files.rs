@@ -16,10 +16,11 @@ use dormouse_protocol::workspace::{
     Compression, Deleted, DiskUsage, Imported, Listing, Written, COMPRESSION_QUERY,
     TAR_CONTENT_TYPE, WORKSPACE_TAR_QUERY,
 };
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use uuid::Uuid;
 
-use crate::{answer_error, computer, transport, Client, Error};
+use crate::body::{answer_body, error_of, read_bounded, MAX_ANSWER_BYTES};
+use crate::{computer, transport, Client, Error};
 
 /// Bound of one streamed export or import (a large workspace takes long;
 /// the broker cuts uploads that stall on its own).
@@ -149,54 +150,47 @@ impl Client {
         let route = files_path(id, path.as_ref(), "");
         let method = Method::GET;
         let mut response = self.get_streamed(&route).await?;
-        let json = is_json(&response);
-        let status = response.status();
-        if !status.is_success() || json {
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| transport(&method, &route, e))?;
-            if !status.is_success() {
-                return Err(answer_error(method, &route, status, &bytes));
-            }
-            return serde_json::from_slice(&bytes)
-                .map(Saved::Dir)
-                .map_err(|source| Error::Decode {
-                    method,
-                    path: route,
-                    source,
-                });
+        if !response.status().is_success() {
+            return Err(error_of(response, &method, &route).await);
+        }
+        if is_json(&response) {
+            return listing(&mut response, &route).await.map(Saved::Dir);
         }
         let written = copy_body(&mut response, &method, &route, out).await?;
         Ok(Saved::File(written))
     }
 
     /// `GET /v1/computers/{id}/files/{path}`: a file's bytes or a
-    /// directory's listing (`path` empty: the workspace root). Never wakes
-    /// the desktop.
+    /// directory's listing (`path` empty: the workspace root), a file of
+    /// at most [`MAX_ANSWER_BYTES`] bytes ([`Client::fetch_within`]; stream
+    /// larger ones with [`Client::fetch_into`]). Never wakes the desktop.
     pub async fn fetch(&self, id: Uuid, path: impl AsRef<[u8]>) -> Result<Fetched, Error> {
+        self.fetch_within(id, path, MAX_ANSWER_BYTES).await
+    }
+
+    /// [`Client::fetch`] of a file of at most `limit` bytes: a longer one
+    /// is [`Error::TooLarge`], refused at its first byte past `limit` (or
+    /// at once by its length), so at most `limit + 1` bytes are ever read.
+    /// A directory's listing is read as any answer is.
+    pub async fn fetch_within(
+        &self,
+        id: Uuid,
+        path: impl AsRef<[u8]>,
+        limit: u64,
+    ) -> Result<Fetched, Error> {
         let route = files_path(id, path.as_ref(), "");
-        let response = self.get_streamed(&route).await?;
-        let json = is_json(&response);
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport(&Method::GET, &route, e))?;
-        if !status.is_success() {
-            return Err(answer_error(Method::GET, &route, status, &bytes));
+        let method = Method::GET;
+        let mut response = self.get_streamed(&route).await?;
+        if !response.status().is_success() {
+            return Err(error_of(response, &method, &route).await);
         }
-        if json {
-            serde_json::from_slice(&bytes)
-                .map(Fetched::Dir)
-                .map_err(|source| Error::Decode {
-                    method: Method::GET,
-                    path: route,
-                    source,
-                })
-        } else {
-            Ok(Fetched::File(bytes.to_vec()))
+        if is_json(&response) {
+            return listing(&mut response, &route).await.map(Fetched::Dir);
         }
+        read_bounded(&mut response, limit, &method, &route)
+            .await?
+            .whole(&method, &route, limit)
+            .map(Fetched::File)
     }
 
     /// `PUT /v1/computers/{id}/files/{path}`: writes `body` (bytes, or a
@@ -269,13 +263,8 @@ impl Client {
         };
         let method = Method::GET;
         let mut response = self.get_streamed(&route).await?;
-        let status = response.status();
-        if !status.is_success() {
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| transport(&method, &route, e))?;
-            return Err(answer_error(method, &route, status, &bytes));
+        if !response.status().is_success() {
+            return Err(error_of(response, &method, &route).await);
         }
         copy_body(&mut response, &method, &route, out).await
     }
@@ -337,19 +326,15 @@ impl Client {
         if let Some(len) = body.len {
             request = request.header(reqwest::header::CONTENT_LENGTH, len);
         }
-        let response = request
+        let mut response = request
             .body(body.body)
             .send()
             .await
             .map_err(|e| transport(&method, route, e))?;
-        let status: StatusCode = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport(&method, route, e))?;
-        if !status.is_success() {
-            return Err(answer_error(method, route, status, &bytes));
+        if !response.status().is_success() {
+            return Err(error_of(response, &method, route).await);
         }
+        let bytes = answer_body(&mut response, &method, route).await?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
             method,
             path: route.to_owned(),
@@ -358,7 +343,6 @@ impl Client {
     }
 }
 
-/// Writes a response's body into `out` chunk by chunk; the bytes written.
 impl Client {
     /// A `GET` of `route` whose body may take up to [`STREAM_TIMEOUT`]:
     /// the response as soon as its head arrived, the body still to read.
@@ -371,6 +355,16 @@ impl Client {
     }
 }
 
+/// A directory's listing from a `GET …/files/{path}` answer.
+async fn listing(response: &mut reqwest::Response, route: &str) -> Result<Listing, Error> {
+    let bytes = answer_body(response, &Method::GET, route).await?;
+    serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
+        method: Method::GET,
+        path: route.to_owned(),
+        source,
+    })
+}
+
 /// Whether the response is JSON (a directory listing or an error).
 fn is_json(response: &reqwest::Response) -> bool {
     response
@@ -380,6 +374,7 @@ fn is_json(response: &reqwest::Response) -> bool {
         .is_some_and(|v| v.starts_with("application/json"))
 }
 
+/// Writes a response's body into `out` chunk by chunk; the bytes written.
 async fn copy_body(
     response: &mut reqwest::Response,
     method: &Method,

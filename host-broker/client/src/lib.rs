@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod actions;
+mod body;
 mod endpoint;
 mod error;
 mod events;
@@ -44,6 +45,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
+pub use body::MAX_ANSWER_BYTES;
 pub use endpoint::{Endpoint, EndpointError};
 pub use error::{Error, EventsError, SetupError};
 pub use events::EventStream;
@@ -337,32 +339,22 @@ impl Client {
     pub async fn last_screenshot(&self, id: Uuid) -> Result<LastScreenshot, Error> {
         let method = Method::GET;
         let path = format!("{}?last=true", computer(id, "/screenshot"));
-        let response = self
+        let mut response = self
             .request(method.clone(), &path)
             .send()
             .await
             .map_err(|e| transport(&method, &path, e))?;
-        let status = response.status();
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-                .unwrap_or_default()
-        };
-        let taken_at = header("dormouse-taken-at");
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport(&method, &path, e))?;
-        if !status.is_success() {
-            return Err(answer_error(method, &path, status, &bytes));
+        if !response.status().is_success() {
+            return Err(body::error_of(response, &method, &path).await);
         }
-        Ok(LastScreenshot {
-            image: bytes.to_vec(),
-            taken_at,
-        })
+        let taken_at = response
+            .headers()
+            .get("dormouse-taken-at")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let image = body::answer_body(&mut response, &method, &path).await?;
+        Ok(LastScreenshot { image, taken_at })
     }
 
     /// `GET /v1/events`: the WebSocket stream, opened with the token in the
@@ -465,24 +457,20 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
+        let mut response = request
             .send()
             .await
             .map_err(|e| transport(&method, path, e))?;
-        let status = response.status();
+        if !response.status().is_success() {
+            return Err(body::error_of(response, &method, path).await);
+        }
         let content_type = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| transport(&method, path, e))?;
-        if status.is_success() {
-            return Ok((bytes.to_vec(), content_type));
-        }
-        Err(answer_error(method, path, status, &bytes))
+        let bytes = body::answer_body(&mut response, &method, path).await?;
+        Ok((bytes, content_type))
     }
 
     /// A request to `path` with the token and (on anything but `GET`) the

@@ -27,8 +27,9 @@ use crate::{computer, Dormouse, ToolError};
 pub const SHELL_OUTPUT_BYTES: u64 = 64 * 1024;
 /// Longest `shell` timeout, in seconds.
 pub const SHELL_MAX_TIMEOUT_SECS: u64 = 600;
-/// Largest file `read_file` answers.
-pub const READ_FILE_BYTES: usize = 8 * 1024 * 1024;
+/// Largest file `read_file` answers. A longer one is refused at its first
+/// byte past this (or at once by its length): never read whole.
+pub const READ_FILE_BYTES: u64 = 8 * 1024 * 1024;
 
 type Outcome = Result<CallToolResult, ErrorData>;
 
@@ -210,7 +211,7 @@ impl Dormouse {
     }
 
     #[tool(
-        description = "Read a file of the desktop's workspace (path relative to it). Works while the desktop is stopped. encoding utf-8 (default) or base64."
+        description = "Read a file of the desktop's workspace (path relative to it), at most 8 MiB. Works while the desktop is stopped. encoding utf-8 (default) or base64."
     )]
     async fn read_file(
         &self,
@@ -220,19 +221,24 @@ impl Dormouse {
         answer(
             async {
                 let b64 = base64_of(a.encoding.as_deref())?;
-                let (client, id) =
-                    self.target(&extensions, a.desktop.as_deref()).await?;
+                let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let path = a.path.unwrap_or_default();
-                match client.fetch(id, path.as_bytes()).await? {
+                let fetched = match client
+                    .fetch_within(id, path.as_bytes(), READ_FILE_BYTES)
+                    .await
+                {
+                    Err(dormouse_client::Error::TooLarge { .. }) => {
+                        return Err(ToolError::Invalid(format!(
+                            "{path:?} is over the limit: read_file answers files of at most \
+                             {READ_FILE_BYTES} bytes (read part of it with the shell tool)"
+                        )))
+                    }
+                    other => other?,
+                };
+                match fetched {
                     Fetched::Dir(_) => Err(ToolError::Invalid(format!(
                         "{path:?} is a directory: use list_files"
                     ))),
-                    Fetched::File(bytes) if bytes.len() > READ_FILE_BYTES => {
-                        Err(ToolError::Invalid(format!(
-                            "{path:?} has {} bytes, more than the {READ_FILE_BYTES} read_file answers",
-                            bytes.len()
-                        )))
-                    }
                     Fetched::File(bytes) if b64 => Ok(text(
                         base64::engine::general_purpose::STANDARD.encode(bytes),
                     )),
