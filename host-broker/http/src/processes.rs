@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use dormouse_protocol::api::ErrorCode;
 use dormouse_protocol::exec::{
     ExecRequest, OutputEncoding, PtyEvent, PtyInput, PtyOpen, TerminalMessage,
-    MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES,
+    MAX_OUTPUT_BYTES_LIMIT, MAX_PTY_DATA, MAX_STDIN_BYTES,
 };
 use futures_util::{SinkExt as _, StreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -173,7 +173,13 @@ pub async fn exec_ws(
     let shutdown = state.shutdown.clone();
     let revoked = ticket.revoked;
     // A browser carries the token as a subprotocol and needs one chosen.
-    let ws = ws.protocols([crate::auth::EVENTS_SUBPROTOCOL]);
+    // A message or frame past the terminal's own bound is refused as its
+    // header arrives, before its payload is read (not after axum's 64 MiB
+    // default was buffered).
+    let ws = ws
+        .protocols([crate::auth::EVENTS_SUBPROTOCOL])
+        .max_message_size(MAX_PTY_DATA)
+        .max_frame_size(MAX_PTY_DATA);
     Ok(ws.on_upgrade(move |socket| bridge(socket, pty, shutdown, revoked)))
 }
 
