@@ -1,7 +1,8 @@
 //! The streamable-HTTP transport (`/mcp` in the broker): a stateless
 //! service whose every call reaches the broker's own API over its loopback
 //! listener with the bearer token and `Dormouse-Generation` the MCP request
-//! carried, and the options of its URL: `?desktop=`, `?screenshot=false`
+//! carried, and the options of its URL: `?desktop=` (pins the session to that
+//! desktop: a call naming another is refused), `?screenshot=false`
 //! (no screenshot after actions that change the screen), `?format=` and
 //! `?quality=` (the encoding of the `computer` tool's images).
 //!

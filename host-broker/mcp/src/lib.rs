@@ -55,7 +55,8 @@ pub struct Settings {
 /// [`Settings`]; empty over stdio.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UrlOptions {
-    /// `?desktop=`: the desktop a tool means when its call names none.
+    /// `?desktop=`: the desktop every tool call of the session means; a
+    /// call naming another one is refused.
     pub desktop: Option<String>,
     /// `?screenshot=`: whether actions that change the screen answer a
     /// screenshot too.
@@ -84,6 +85,19 @@ pub enum ToolError {
     /// The MCP request carried no bearer token (HTTP only).
     #[error("the request carries no bearer token")]
     NoToken,
+    /// The call names a desktop other than the one the session's URL pins
+    /// (`/mcp?desktop=`); nothing was done.
+    #[error(
+        "this MCP session is pinned to desktop {pinned:?} by ?desktop= in its URL: a call \
+         naming desktop {named:?} is refused (leave `desktop` out, or open a session without \
+         ?desktop= or with ?desktop= naming that one)"
+    )]
+    Pinned {
+        /// The desktop of the URL, as given there (cut at 64 characters).
+        pinned: String,
+        /// The desktop the call named, as given (cut at 64 characters).
+        named: String,
+    },
 }
 
 /// The API's refusal as `code: message`; other failures with their causes.
@@ -167,9 +181,26 @@ impl Dormouse {
         Ok((call.client, id))
     }
 
-    /// The desktop a call means: its `desktop` argument, the URL's
-    /// `?desktop=`, or the server's `--desktop`, as an id or a name.
+    /// The desktop a call means, as an id or a name. A URL's `?desktop=`
+    /// pins it: a `desktop` argument naming another one (by id or name) is
+    /// refused ([`ToolError::Pinned`]). Otherwise the `desktop` argument,
+    /// or the server's `--desktop`.
     async fn desktop(&self, call: &Call, given: Option<&str>) -> Result<Uuid, ToolError> {
+        if let Some(pinned) = call.url.desktop.as_deref() {
+            let id = resolve(&call.client, pinned).await?;
+            if let Some(named) = given.filter(|named| *named != pinned) {
+                // The same desktop by its other form (id or name) is fine;
+                // one that does not resolve is not the pinned one either.
+                if resolve(&call.client, named).await.ok() != Some(id) {
+                    let cut = |s: &str| s.chars().take(64).collect::<String>();
+                    return Err(ToolError::Pinned {
+                        pinned: cut(pinned),
+                        named: cut(named),
+                    });
+                }
+            }
+            return Ok(id);
+        }
         let name = given
             .or(call.url.desktop.as_deref())
             .or(self.settings.desktop.as_deref())
@@ -281,6 +312,63 @@ mod tests {
         assert_eq!(big, s(1356, 847));
         let wide = default_space(s(3840, 1080));
         assert_eq!(wide.width, 1568);
+    }
+
+    fn pinned_to(desktop: Option<String>) -> (Dormouse, Call) {
+        // Nobody listens there: a call that would need the broker fails.
+        let endpoint: dormouse_client::Endpoint = "http://127.0.0.1:9".parse().unwrap();
+        let client = Client::builder(endpoint).token("t").build().unwrap();
+        let server = Dormouse::over(client.clone(), Settings::default());
+        let url = UrlOptions {
+            desktop,
+            ..UrlOptions::default()
+        };
+        (server, Call { client, url })
+    }
+
+    #[tokio::test]
+    async fn a_pinned_session_refuses_another_desktop_with_the_reason() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let (server, call) = pinned_to(Some(a.to_string()));
+        // Without an argument, or naming the pinned one: the pinned one.
+        assert_eq!(server.desktop(&call, None).await.unwrap(), a);
+        let same = a.to_string();
+        assert_eq!(server.desktop(&call, Some(&same)).await.unwrap(), a);
+        assert_eq!(
+            server
+                .desktop(&call, Some(&a.hyphenated().to_string().to_uppercase()))
+                .await
+                .unwrap(),
+            a,
+            "the same id in another spelling"
+        );
+        // Another id: refused, saying why.
+        let other = b.to_string();
+        let e = server.desktop(&call, Some(&other)).await.unwrap_err();
+        assert!(matches!(e, ToolError::Pinned { .. }), "{e:?}");
+        let words = e.to_string();
+        assert!(
+            words.contains("pinned to desktop")
+                && words.contains(&a.to_string())
+                && words.contains(&other)
+                && words.contains("?desktop="),
+            "{words}"
+        );
+        // A name that cannot be looked up (no broker here) is not the
+        // pinned desktop either: refused, not silently taken.
+        let e = server.desktop(&call, Some("elsewhere")).await.unwrap_err();
+        assert!(matches!(e, ToolError::Pinned { .. }), "{e:?}");
+        // As a tool result: an error the client sees, with the reason.
+        let result = e.into_result();
+        assert_eq!(result.is_error, Some(true));
+
+        // Unpinned: the argument chooses, as before.
+        let (server, call) = pinned_to(None);
+        assert_eq!(server.desktop(&call, Some(&other)).await.unwrap(), b);
+        assert!(matches!(
+            server.desktop(&call, None).await.unwrap_err(),
+            ToolError::Invalid(_)
+        ));
     }
 
     #[test]
