@@ -1,32 +1,47 @@
 //! The byte pipe of an egress connection between two sockets, moved by
-//! `splice(2)` through a kernel pipe per direction: past a connection's
-//! first bytes, a download never enters either process, which matters on
-//! a relay that carries it three sockets deep (site, broker, supervisor,
-//! program).
+//! `splice(2)` through a kernel pipe per direction where both sockets are
+//! the relay's alone, and copied through a buffer where one of them is a
+//! socket a guest handed over ([`HandedSocket`]): past a connection's
+//! first bytes, a download between the relay's own sockets never enters
+//! either process, which matters on a relay that carries it three sockets
+//! deep (site, broker, supervisor, program).
 //!
 //! Each direction starts by copying through a small buffer, and moves to
-//! its own pipe once it has carried [`SPLICE_AFTER`] bytes: a connection
-//! that carries little (most of them, and every one of a flood held open
-//! without traffic) costs two descriptors, a download four more. The pipe
-//! is filled from one socket as far as the socket has bytes, then drained
-//! into the other; readiness comes from the runtime's own registration of
-//! each socket, so no descriptor is registered twice. The end of one
-//! side's stream shuts down the write side of the other and the other
-//! direction goes on; the first error ends both.
+//! its own pipe once it has carried [`SPLICE_AFTER`] bytes (or, with a
+//! handed socket on either side, to a buffer of [`SPLICE_CHUNK`]): a
+//! connection that carries little (most of them, and every one of a flood
+//! held open without traffic) costs two descriptors, a download four more.
+//! The pipe is filled from one socket as far as the socket has bytes, then
+//! drained into the other; readiness comes from the runtime's own
+//! registration of each socket, so no descriptor is registered twice. The
+//! end of one side's stream shuts down the write side of the other and the
+//! other direction goes on; the first error ends both.
+//!
+//! A handed socket's open file description is shared with the guest that
+//! sent it, and with it `O_NONBLOCK` and `SO_LINGER`: the guest may make
+//! it blocking at any moment. So nothing here ever calls `read`, `write`
+//! or `splice` on a socket: every copy is `recv(MSG_DONTWAIT)` and
+//! `send(MSG_DONTWAIT | MSG_NOSIGNAL)`, which never block whatever the
+//! file's flags, and `splice` (which follows the file's `O_NONBLOCK`, not
+//! `SPLICE_F_NONBLOCK`) only ever touches the relay's own sockets and
+//! pipes. A handed socket is never closed here either: its last close may
+//! linger, so it goes to the [`CloseOff`] it was given.
 
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
-use nix::sys::socket::{send, shutdown, MsgFlags, Shutdown};
+use nix::sys::socket::{recv, send, setsockopt, shutdown, sockopt, MsgFlags, Shutdown};
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
 /// Bytes one splice call asks for; also the size each pipe is set to
 /// (the default pipe is kept when the kernel refuses the size, which only
-/// costs more calls).
+/// costs more calls), and the copy buffer of a direction past
+/// [`SPLICE_AFTER`] when a handed socket keeps it from a pipe.
 pub const SPLICE_CHUNK: usize = 256 * 1024;
 /// Bytes a direction copies through its buffer before it takes a pipe.
 pub const SPLICE_AFTER: usize = 256 * 1024;
@@ -34,26 +49,37 @@ pub const SPLICE_AFTER: usize = 256 * 1024;
 const COPY_CHUNK: usize = 16 * 1024;
 
 /// A connected stream socket whose readiness the runtime tracks.
-pub trait SpliceSocket: AsFd + Sync {
-    /// Waits until the runtime sees the socket ready for `interest`.
-    fn ready_for(&self, interest: Interest) -> impl Future<Output = io::Result<()>> + Send;
-    /// Runs `f` as the runtime's readiness-clearing I/O for `interest`.
-    fn try_io_for<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>)
-        -> io::Result<R>;
+pub trait SpliceSocket: Sync {
+    /// Runs `call` on the socket once the runtime sees it ready for
+    /// `interest`, again after each `WouldBlock` (which clears the
+    /// runtime's readiness).
+    fn io_when_ready<R: Send>(
+        &self,
+        interest: Interest,
+        call: impl FnMut(BorrowedFd<'_>) -> io::Result<R> + Send,
+    ) -> impl Future<Output = io::Result<R>> + Send;
+    /// Whether another process shares this socket's open file description
+    /// (and may change its flags): then it is never spliced.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Shuts down the write side (gone already is as good as shut down;
+    /// `shutdown` never waits).
+    fn shut_write(&self);
 }
 
 macro_rules! splice_socket {
     ($t:ty) => {
         impl SpliceSocket for $t {
-            async fn ready_for(&self, interest: Interest) -> io::Result<()> {
-                self.ready(interest).await.map(drop)
-            }
-            fn try_io_for<R>(
+            async fn io_when_ready<R: Send>(
                 &self,
                 interest: Interest,
-                f: impl FnOnce() -> io::Result<R>,
+                mut call: impl FnMut(BorrowedFd<'_>) -> io::Result<R> + Send,
             ) -> io::Result<R> {
-                self.try_io(interest, f)
+                self.async_io(interest, || call(self.as_fd())).await
+            }
+            fn shut_write(&self) {
+                let _ = shutdown(self.as_raw_fd(), Shutdown::Write);
             }
         }
     };
@@ -61,6 +87,111 @@ macro_rules! splice_socket {
 
 splice_socket!(TcpStream);
 splice_socket!(UnixStream);
+
+/// Where a [`HandedSocket`] goes to be closed: never the thread that drops
+/// it (a last close of a lingering socket blocks for as long as its
+/// linger, which the guest sets).
+pub trait CloseOff: Send + Sync {
+    /// Takes `fd` to close it somewhere that may block.
+    fn close_off(&self, fd: OwnedFd);
+}
+
+/// A TCP socket a guest handed over: shared with the guest, so only ever
+/// `recv`'d and `send`'d without waiting, never spliced, never read or
+/// written plainly, and closed by its [`CloseOff`] when dropped. The
+/// runtime's TCP type holds it for its registration alone; none of that
+/// type's own reads and writes is ever called.
+pub struct HandedSocket {
+    /// Always `Some` until dropped.
+    socket: Option<TcpStream>,
+    closer: Arc<dyn CloseOff>,
+}
+
+impl std::fmt::Debug for HandedSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandedSocket")
+            .field("fd", &self.socket.as_ref().map(AsRawFd::as_raw_fd))
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandedSocket {
+    /// Registers `fd` (a connected TCP socket) with the runtime; `closer`
+    /// closes it when it is dropped, or at once if it cannot be registered.
+    pub fn new(fd: OwnedFd, closer: Arc<dyn CloseOff>) -> io::Result<Self> {
+        // A failed registration closes what it was given: a second
+        // descriptor of ours keeps that close from being the last one.
+        let spare = fd.try_clone()?;
+        match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+            Ok(socket) => {
+                // Not the last descriptor either: the registered one lives.
+                drop(spare);
+                Ok(Self {
+                    socket: Some(socket),
+                    closer,
+                })
+            }
+            Err(e) => {
+                closer.close_off(spare);
+                Err(e)
+            }
+        }
+    }
+
+    fn registered(&self) -> io::Result<&TcpStream> {
+        self.socket
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the handed socket is closed"))
+    }
+
+    /// Sets `TCP_NODELAY` (a flag the guest may change again; only latency
+    /// depends on it).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        Ok(setsockopt(self.registered()?, sockopt::TcpNoDelay, &on)?)
+    }
+}
+
+impl SpliceSocket for HandedSocket {
+    async fn io_when_ready<R: Send>(
+        &self,
+        interest: Interest,
+        mut call: impl FnMut(BorrowedFd<'_>) -> io::Result<R> + Send,
+    ) -> io::Result<R> {
+        let socket = self.registered()?;
+        socket.async_io(interest, || call(socket.as_fd())).await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn shut_write(&self) {
+        if let Some(socket) = &self.socket {
+            let _ = shutdown(socket.as_raw_fd(), Shutdown::Write);
+        }
+    }
+}
+
+impl Drop for HandedSocket {
+    fn drop(&mut self) {
+        let Some(socket) = self.socket.take() else {
+            return;
+        };
+        // Deregistering closes the socket when it fails (a runtime shutting
+        // down): a spare descriptor keeps every close here from being the
+        // last one, and the spare is what goes to the closer.
+        let spare = socket.as_fd().try_clone_to_owned();
+        let registered = socket.into_std();
+        match (spare, registered) {
+            (Ok(spare), registered) => {
+                drop(registered);
+                self.closer.close_off(spare);
+            }
+            (Err(_), Ok(socket)) => self.closer.close_off(OwnedFd::from(socket)),
+            (Err(_), Err(_)) => {}
+        }
+    }
+}
 
 /// Relays bytes both ways between `a` and `b` until both directions ended
 /// or one failed, counting each direction as it moves (`a_to_b`, `b_to_a`)
@@ -82,61 +213,72 @@ async fn one_way<F: SpliceSocket, T: SpliceSocket>(
 ) -> io::Result<()> {
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut copied = 0;
-    while copied < SPLICE_AFTER {
-        let got = when_ready(from, Interest::READABLE, || {
-            Ok(nix::unistd::read(from.as_fd(), &mut buf)?)
-        })
-        .await?;
+    loop {
+        if copied >= SPLICE_AFTER {
+            if !from.shared() && !to.shared() {
+                drop(buf);
+                return spliced(from, to, moved).await;
+            }
+            if buf.len() < SPLICE_CHUNK {
+                buf.resize(SPLICE_CHUNK, 0);
+            }
+        }
+        let got = from
+            .io_when_ready(Interest::READABLE, |fd| {
+                Ok(recv(fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)?)
+            })
+            .await?;
         if got == 0 {
-            end_of(to);
+            to.shut_write();
             return Ok(());
         }
         let mut sent = 0;
         while sent < got {
-            let put = when_ready(to, Interest::WRITABLE, || {
-                let fd = to.as_fd().as_raw_fd();
-                Ok(send(fd, &buf[sent..got], MsgFlags::MSG_NOSIGNAL)?)
-            })
-            .await?;
+            let put = to
+                .io_when_ready(Interest::WRITABLE, |fd| {
+                    Ok(send(
+                        fd.as_raw_fd(),
+                        &buf[sent..got],
+                        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                    )?)
+                })
+                .await?;
             sent += nonzero(put)?;
             count(moved, put);
         }
         copied += got;
     }
-    drop(buf);
+}
+
+/// The rest of one direction between two sockets of the relay's own,
+/// through a pipe.
+async fn spliced<F: SpliceSocket, T: SpliceSocket>(
+    from: &F,
+    to: &T,
+    moved: &AtomicU64,
+) -> io::Result<()> {
     let (out, inp) = pipe()?;
     loop {
-        let got = when_ready(from, Interest::READABLE, || {
-            Ok(splice(
-                from.as_fd(),
-                None,
-                &inp,
-                None,
-                SPLICE_CHUNK,
-                flags(),
-            )?)
-        })
-        .await?;
+        let got = from
+            .io_when_ready(Interest::READABLE, |fd| {
+                Ok(splice(fd, None, &inp, None, SPLICE_CHUNK, flags())?)
+            })
+            .await?;
         if got == 0 {
-            end_of(to);
+            to.shut_write();
             return Ok(());
         }
         let mut left = got;
         while left > 0 {
-            let put = when_ready(to, Interest::WRITABLE, || {
-                Ok(splice(&out, None, to.as_fd(), None, left, flags())?)
-            })
-            .await?;
+            let put = to
+                .io_when_ready(Interest::WRITABLE, |fd| {
+                    Ok(splice(&out, None, fd, None, left, flags())?)
+                })
+                .await?;
             left -= nonzero(put)?;
             count(moved, put);
         }
     }
-}
-
-/// The end of the stream read: shuts down the write side of `to` (gone
-/// already is as good as shut down).
-fn end_of<T: SpliceSocket>(to: &T) {
-    let _ = shutdown(to.as_fd().as_raw_fd(), Shutdown::Write);
 }
 
 fn count(moved: &AtomicU64, n: usize) {
@@ -152,22 +294,6 @@ fn nonzero(put: usize) -> io::Result<usize> {
         ));
     }
     Ok(put)
-}
-
-/// Runs `call` once `socket` is ready for `interest`, again after each
-/// spurious wake-up.
-async fn when_ready<S: SpliceSocket>(
-    socket: &S,
-    interest: Interest,
-    mut call: impl FnMut() -> io::Result<usize>,
-) -> io::Result<usize> {
-    loop {
-        socket.ready_for(interest).await?;
-        match socket.try_io_for(interest, &mut call) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            done => return done,
-        }
-    }
 }
 
 /// The pipe never blocks: the socket's readiness is what is waited on, and
@@ -232,6 +358,81 @@ mod tests {
         assert_eq!(feeder.await.unwrap(), b"hello from the program");
         assert_eq!(up.load(Ordering::Relaxed), 22);
         assert_eq!(down.load(Ordering::Relaxed), 3_000_000);
+    }
+
+    /// Records what it is given to close, and closes nothing itself.
+    #[derive(Default)]
+    struct Kept(std::sync::Mutex<Vec<OwnedFd>>);
+
+    impl CloseOff for Kept {
+        fn close_off(&self, fd: OwnedFd) {
+            self.0.lock().unwrap().push(fd);
+        }
+    }
+
+    /// A handed socket whose guest keeps a duplicate, clears `O_NONBLOCK`
+    /// on it, reads what the program sends itself, and whose program
+    /// never reads: the relay never blocks the one thread of the runtime,
+    /// and what it drops goes to its closer.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_handed_socket_made_blocking_never_blocks_the_runtime() {
+        let (program, proxy) = tcp_pair().await;
+        let guest_copy = proxy.as_fd().try_clone_to_owned().unwrap();
+        let fd = proxy.into_std().unwrap();
+        let kept = Arc::new(Kept::default());
+        let handed = HandedSocket::new(OwnedFd::from(fd), kept.clone()).unwrap();
+        assert!(handed.shared());
+        handed.set_nodelay(true).unwrap();
+        // The guest's flags are the socket's: blocking from now on.
+        fcntl(&guest_copy, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+        let flags = fcntl(handed.socket.as_ref().unwrap(), FcntlArg::F_GETFL).unwrap();
+        assert_eq!(flags & OFlag::O_NONBLOCK.bits(), 0, "shared description");
+        let (relay_far, mut far) = UnixStream::pair().unwrap();
+        let up = AtomicU64::new(0);
+        let down = AtomicU64::new(0);
+        // The far end sends far more than the program's buffers hold.
+        let feeder = tokio::spawn(async move {
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..64 {
+                if far.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            far
+        });
+        // The program sends; the guest takes the bytes before the relay.
+        let mut program_std = program.into_std().unwrap();
+        program_std.set_nonblocking(false).unwrap();
+        let guest_std = std::net::TcpStream::from(guest_copy);
+        let thief = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            program_std.write_all(b"stolen").unwrap();
+            let mut got = [0u8; 6];
+            (&guest_std).read_exact(&mut got).unwrap();
+            (program_std, guest_std, got)
+        });
+        let mut ticks = 0;
+        let mut relayed = Box::pin(relay(&handed, &relay_far, &up, &down));
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+        while ticks < 25 {
+            tokio::select! {
+                r = &mut relayed => panic!("the relay ended: {r:?}"),
+                _ = tick.tick() => ticks += 1,
+            }
+        }
+        let (_program, _guest, got) = thief.join().unwrap();
+        assert_eq!(&got, b"stolen");
+        assert_eq!(up.load(Ordering::Relaxed), 0, "the guest read it first");
+        assert!(down.load(Ordering::Relaxed) > 0, "some bytes went down");
+        assert!(
+            down.load(Ordering::Relaxed) < 64 << 20,
+            "the program read none"
+        );
+        drop(relayed);
+        assert!(kept.0.lock().unwrap().is_empty());
+        drop(handed);
+        assert_eq!(kept.0.lock().unwrap().len(), 1, "the closer has it");
+        feeder.abort();
     }
 
     #[tokio::test]

@@ -11,10 +11,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormouse_egress::{Egress, GuestStream, Hooks, Open, Parker, Verdict};
+use dormouse_egress::{Closer, Egress, GuestStream, Hooks, Open, Parker, Verdict};
 use dormouse_protocol::api::{BrokerEvent, ComputerStatus, ContainerState};
 use dormouse_protocol::egress::{EgressForm, EgressVerdict};
 use dormouse_protocol::egress_policy::{EgressDecision, EgressKind, EgressLogEntry};
+use dormouse_protocol::splice::HandedSocket;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +67,10 @@ impl Hooks for BrokerHooks {
             entry: Box::new(entry.clone()),
         });
     }
+
+    fn stalled_close(&self, _computer: Uuid) {
+        self.metrics.egress_stalled_close();
+    }
 }
 
 impl GuestStream for EgressSession {
@@ -84,8 +89,15 @@ impl GuestStream for EgressSession {
     fn can_hand_over(&self) -> bool {
         EgressSession::can_hand_over(self)
     }
-    async fn take_client(&mut self, within: Duration) -> std::io::Result<tokio::net::TcpStream> {
-        EgressSession::take_client(self, within).await
+    async fn take_client(
+        &mut self,
+        within: Duration,
+        closer: &Closer,
+    ) -> std::io::Result<HandedSocket> {
+        EgressSession::take_client(self, within, closer).await
+    }
+    fn close_with(self, closer: &Closer) {
+        EgressSession::close_with(self, closer);
     }
 }
 

@@ -25,6 +25,8 @@ pub struct Metrics {
     engine_unavailable: AtomicU64,
     /// How often the engine was lost.
     engine_losses: AtomicU64,
+    /// Closes of guest-handed sockets that took longer than the stall bound.
+    egress_stalled_closes: AtomicU64,
 }
 
 impl Metrics {
@@ -64,6 +66,11 @@ impl Metrics {
     /// Counts one egress connection by its decision.
     pub fn egress_decision(&self, decision: EgressDecision) {
         self.egress[egress_index(decision)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one close of a guest-handed egress socket that stalled.
+    pub fn egress_stalled_close(&self) {
+        self.egress_stalled_closes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records whether the start-up probe saw the engine's events arrive.
@@ -177,6 +184,16 @@ impl Metrics {
                 self.egress[egress_index(d)].load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP dormouse_egress_stalled_closes_total Closes of sockets a guest handed over that took over 100 ms (the guest set a linger on them)."
+        );
+        let _ = writeln!(out, "# TYPE dormouse_egress_stalled_closes_total counter");
+        let _ = writeln!(
+            out,
+            "dormouse_egress_stalled_closes_total {}",
+            self.egress_stalled_closes.load(Ordering::Relaxed)
+        );
         out
     }
 }
@@ -208,6 +225,11 @@ mod tests {
         let text = m.render(&[]);
         assert!(text.contains("dormouse_egress_connections_total{decision=\"refused\"} 1"));
         assert!(text.contains("dormouse_egress_connections_total{decision=\"allowed\"} 0"));
+        assert!(text.contains("dormouse_egress_stalled_closes_total 0\n"));
+        m.egress_stalled_close();
+        assert!(m
+            .render(&[])
+            .contains("dormouse_egress_stalled_closes_total 1\n"));
     }
 
     #[test]

@@ -17,11 +17,12 @@ use chrono::Utc;
 use dormouse_protocol::egress_policy::{
     Destination, EgressDecision, EgressEnd, EgressKind, EgressLogEntry,
 };
-use dormouse_protocol::splice;
+use dormouse_protocol::splice::{self, HandedSocket};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
+use crate::closer::Closer;
 use crate::decide::{check_addresses, check_name, recheck, Pass};
 use crate::limits::Slot;
 use crate::service::Desk;
@@ -69,13 +70,24 @@ pub trait GuestStream: Send {
         false
     }
     /// After [`Verdict::HandOver`]: the guest program's socket, checked to
-    /// be a connected TCP socket, within `within`.
+    /// be a connected TCP socket, within `within`; whatever the guest sent,
+    /// taken or refused, is closed by `closer`.
     fn take_client(
         &mut self,
         within: std::time::Duration,
-    ) -> impl Future<Output = io::Result<TcpStream>> + Send {
-        let _ = within;
+        closer: &Closer,
+    ) -> impl Future<Output = io::Result<HandedSocket>> + Send {
+        let _ = (within, closer);
         std::future::ready(Err(io::Error::other("this guest hands nothing over")))
+    }
+    /// Closes the guest connection once its socket was handed over: by
+    /// `closer` where the connection may still hold descriptors the guest
+    /// sent (their last close may linger), else here.
+    fn close_with(self, closer: &Closer)
+    where
+        Self: Sized,
+    {
+        let _ = closer;
     }
 }
 
@@ -154,6 +166,9 @@ async fn decide_and_dial(
     open: &Open,
     entry: &mut EgressLogEntry,
 ) -> Result<(TcpStream, Destination, SocketAddr, Slot), Verdict> {
+    if let Some(reason) = desk.closer().refusal() {
+        return Err(Verdict::Refused(reason));
+    }
     let slot = desk.limiter().admit().map_err(Verdict::Refused)?;
     let dest = Destination::parse(&open.host)
         .map_err(|why| Verdict::Refused(format!("denied: invalid host `{}`: {why}", entry.host)))?;
@@ -242,8 +257,10 @@ async fn pipe<G: GuestStream>(
     // Handed over, the session has done its work: closing it lets the
     // guest forget the connection (the broker's own caps still hold it).
     let client = if handed {
-        let taken = guest.take_client(desk.caps().connect_timeout).await;
-        drop(guest);
+        let taken = guest
+            .take_client(desk.caps().connect_timeout, desk.closer())
+            .await;
+        guest.close_with(desk.closer());
         match taken {
             Ok(client) => {
                 if let Err(e) = client.set_nodelay(true) {
@@ -295,7 +312,7 @@ async fn pipe<G: GuestStream>(
 /// The guest end of a connected connection.
 enum Side<G> {
     /// The program's own socket, handed over.
-    Program(TcpStream),
+    Program(HandedSocket),
     /// The guest session, the bytes going through it.
     Session(G),
 }

@@ -52,10 +52,17 @@ impl GuestStream for FakeGuest {
     fn can_hand_over(&self) -> bool {
         self.program.is_some()
     }
-    async fn take_client(&mut self, _within: Duration) -> io::Result<TcpStream> {
-        self.program
+    async fn take_client(
+        &mut self,
+        _within: Duration,
+        closer: &Closer,
+    ) -> io::Result<HandedSocket> {
+        let program = self
+            .program
             .take()
-            .ok_or_else(|| io::Error::other("nothing to hand over"))
+            .ok_or_else(|| io::Error::other("nothing to hand over"))?;
+        let fd = std::os::fd::OwnedFd::from(program.into_std()?);
+        HandedSocket::new(fd, Arc::new(closer.clone()))
     }
 }
 
@@ -414,4 +421,38 @@ async fn the_caps_refuse_beyond_them() {
             "refused: 2 connections are open from this desktop, the most it may".into()
         )]
     );
+}
+
+#[tokio::test]
+async fn a_desktop_whose_closes_are_stuck_gets_no_new_connection() {
+    let port = echo_server().await;
+    let seen = Arc::new(Seen::default());
+    let stuck = crate::closer::ClosePool::with_close(
+        Arc::new(|fd| {
+            std::thread::sleep(Duration::from_secs(1));
+            drop(fd);
+        }),
+        Arc::new(|_| {}),
+        Duration::from_secs(10),
+    );
+    let hosts = HostsFile::parse("127.0.0.1 echo.test\n").expect("hosts");
+    let egress = Arc::new(
+        Egress::new(Resolver::new(hosts), Caps::default(), None, vec![], seen).with_closes(stuck),
+    );
+    let policy = format!(r#"{{"mode":"allowlist","allow":["127.0.0.1/32:{port}"]}}"#);
+    let (_tx, rx) = watch::channel(serde_json::from_str(&policy).expect("policy"));
+    let desk = egress.desk(Uuid::new_v4(), rx, CancellationToken::new());
+    for _ in 0..crate::closer::MAX_PENDING {
+        let (_program, proxy) = tcp_pair().await;
+        desk.closer()
+            .close(std::os::fd::OwnedFd::from(proxy.into_std().expect("std")));
+    }
+    let (_g, verdicts, task) = start(&desk, open("echo.test", port));
+    task.await.expect("task");
+    let v = verdicts.lock().expect("lock").clone();
+    assert!(
+        matches!(v.as_slice(), [Verdict::Refused(r)] if r.starts_with("refused: 64 connections of this desktop are still being closed")),
+        "{v:?}"
+    );
+    assert_eq!(desk.limiter().open(), 0, "no slot taken");
 }

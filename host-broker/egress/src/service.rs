@@ -7,7 +7,9 @@
 //! A desk's fence is cancelled when the desktop stops, is removed or its
 //! generation changes: the pool ends and every open connection of it is
 //! closed. A policy change is a new value of the desk's `watch`; every open
-//! connection judges itself again against it ([`crate::relay`]).
+//! connection judges itself again against it ([`crate::relay`]). What
+//! the guests hand over is closed on one broker-wide pool of threads
+//! ([`crate::closer`]), each desktop with its own turns and limit.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::audit::AuditLog;
+use crate::closer::{ClosePool, Closer};
 use crate::decide::HostView;
 use crate::limits::{Caps, Limiter};
 use crate::relay::{self, GuestStream, Open};
@@ -43,6 +46,11 @@ pub trait Hooks: Send + Sync + 'static {
     fn counted(&self, computer: Uuid, decision: EgressDecision);
     /// A connection was decided (rate-limited: for the event stream).
     fn event(&self, entry: &EgressLogEntry);
+    /// Closing a socket `computer`'s guest handed over took longer than
+    /// [`crate::closer::STALLED_AFTER`] (called on a closer thread).
+    fn stalled_close(&self, computer: Uuid) {
+        let _ = computer;
+    }
 }
 
 /// The broker-wide part of egress.
@@ -54,6 +62,7 @@ pub struct Egress {
     view: Mutex<(Arc<HostView>, Option<Instant>)>,
     hooks: Arc<dyn Hooks>,
     logs: Mutex<HashMap<Uuid, Arc<AuditLog>>>,
+    closes: ClosePool,
 }
 
 impl std::fmt::Debug for Egress {
@@ -76,6 +85,7 @@ impl Egress {
         protected: Vec<std::net::SocketAddr>,
         hooks: Arc<dyn Hooks>,
     ) -> Self {
+        let stalls = Arc::clone(&hooks);
         Self {
             resolver,
             caps,
@@ -84,7 +94,20 @@ impl Egress {
             view: Mutex::new((Arc::new(HostView::default()), None)),
             hooks,
             logs: Mutex::new(HashMap::new()),
+            closes: ClosePool::new(Arc::new(move |id| stalls.stalled_close(id))),
         }
+    }
+
+    /// The service closing what guests hand over on `closes` instead of
+    /// a pool of its own (a test's slow closes).
+    pub fn with_closes(mut self, closes: ClosePool) -> Self {
+        self.closes = closes;
+        self
+    }
+
+    /// The pool that closes what guests handed over.
+    pub fn closes(&self) -> &ClosePool {
+        &self.closes
     }
 
     /// The resolver.
@@ -158,6 +181,7 @@ impl Egress {
             computer: id,
             policy,
             limiter: Limiter::new(self.caps),
+            closer: self.closes.closer(id),
             log: self.log(id),
             fence,
             activity_at: Mutex::new(None),
@@ -173,6 +197,7 @@ pub struct Desk {
     computer: Uuid,
     policy: watch::Receiver<EgressPolicy>,
     limiter: Limiter,
+    closer: Closer,
     log: Arc<AuditLog>,
     fence: CancellationToken,
     activity_at: Mutex<Option<Instant>>,
@@ -198,6 +223,11 @@ impl Desk {
     /// The counters against the caps.
     pub fn limiter(&self) -> &Limiter {
         &self.limiter
+    }
+
+    /// Where this desktop's handed sockets are closed.
+    pub fn closer(&self) -> &Closer {
+        &self.closer
     }
 
     /// The policy now.

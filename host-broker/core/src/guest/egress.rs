@@ -3,22 +3,30 @@
 //! answer one verdict, then hand over the raw stream, or take the guest
 //! program's own socket when the guest hands it over
 //! ([`dormouse_protocol::egress`] has the frame flow).
+//!
+//! A handed socket is shared with the guest, which may change its flags at
+//! any time: it leaves here only as a
+//! [`HandedSocket`](dormouse_protocol::splice::HandedSocket), and nothing
+//! the guest sent is ever closed on this thread.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SocketType,
 };
 
+use dormouse_egress::Closer;
 use dormouse_protocol::call;
 use dormouse_protocol::declare::Call;
 use dormouse_protocol::egress::{self, EgressOpen, EgressVerdict};
+use dormouse_protocol::splice::HandedSocket;
 use dormouse_protocol::stream;
 use tokio::io::Interest;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 
 use super::{typed, GuestConnection, GuestError, FRAME_BODY_TIMEOUT, REQUEST_TIMEOUT};
 
@@ -91,21 +99,48 @@ impl EgressSession {
     /// refused: no byte or no descriptor, more than one, a truncated
     /// message, or a descriptor that is not a connected IPv4/IPv6 TCP
     /// socket (a guest could send any descriptor it has).
-    pub async fn take_client(&self, within: Duration) -> io::Result<TcpStream> {
-        let fd = tokio::time::timeout(within, self.receive_fd())
+    ///
+    /// Every descriptor received, taken or refused, is closed by `closer`,
+    /// never here: its last close may block (a linger the guest set, a
+    /// file whose close waits on a server). The control buffer has room
+    /// for the most one message can carry, so the kernel never drops one
+    /// of them on this thread either.
+    pub async fn take_client(&self, within: Duration, closer: &Closer) -> io::Result<HandedSocket> {
+        let received = tokio::time::timeout(within, self.receive_fds())
             .await
             .map_err(|_| io::Error::other("the guest did not hand its socket over in time"))??;
-        let stream = std::net::TcpStream::from(checked_tcp(fd)?);
-        stream.set_nonblocking(true)?;
-        TcpStream::from_std(stream)
+        let fd = match received.one() {
+            Ok(fd) => fd,
+            Err((e, fds)) => {
+                for fd in fds {
+                    closer.close(fd);
+                }
+                return Err(e);
+            }
+        };
+        if let Err(e) = checked_tcp(&fd) {
+            closer.close(fd);
+            return Err(e);
+        }
+        HandedSocket::new(fd, Arc::new(closer.clone()))
     }
 
-    async fn receive_fd(&self) -> io::Result<OwnedFd> {
+    /// Closes the session once the socket was handed over, by `closer`:
+    /// the guest may have queued more descriptors on it, and the kernel
+    /// closes those with the session's last descriptor.
+    pub fn close_with(self, closer: &Closer) {
+        match self.stream.into_std() {
+            Ok(stream) => closer.close(OwnedFd::from(stream)),
+            Err(e) => tracing::debug!(error = %e, "an egress session closed in place"),
+        }
+    }
+
+    async fn receive_fds(&self) -> io::Result<Received> {
         loop {
             self.stream.readable().await?;
             match self
                 .stream
-                .try_io(Interest::READABLE, || receive_one(&self.stream))
+                .try_io(Interest::READABLE, || receive(&self.stream))
             {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 other => return other,
@@ -114,10 +149,43 @@ impl EgressSession {
     }
 }
 
-/// One byte and exactly one descriptor from `socket`.
-fn receive_one(socket: &UnixStream) -> io::Result<OwnedFd> {
+/// Most descriptors one `SCM_RIGHTS` message carries (`SCM_MAX_FD`).
+const MOST_FDS: usize = 253;
+
+/// What one `recvmsg` of the hand-over brought.
+struct Received {
+    bytes: usize,
+    truncated: bool,
+    fds: Vec<OwnedFd>,
+}
+
+impl Received {
+    /// The one descriptor, or why not with every descriptor received.
+    fn one(mut self) -> Result<OwnedFd, (io::Error, Vec<OwnedFd>)> {
+        if self.bytes == 0 {
+            return Err((
+                io::Error::other("the guest closed instead of handing its socket over"),
+                self.fds,
+            ));
+        }
+        if self.truncated || self.fds.len() != 1 {
+            let e = io::Error::other(format!(
+                "the guest sent {} descriptors (truncated: {}), not one",
+                self.fds.len(),
+                self.truncated
+            ));
+            return Err((e, self.fds));
+        }
+        self.fds
+            .pop()
+            .ok_or_else(|| (io::Error::other("no descriptor from the guest"), Vec::new()))
+    }
+}
+
+/// One byte and the descriptors with it from `socket`.
+fn receive(socket: &UnixStream) -> io::Result<Received> {
     let mut byte = [0u8; 1];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MOST_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = rustix::net::recvmsg(
         socket,
@@ -131,47 +199,38 @@ fn receive_one(socket: &UnixStream) -> io::Result<OwnedFd> {
             fds.extend(rights);
         }
     }
-    if got.bytes == 0 {
-        return Err(io::Error::other(
-            "the guest closed instead of handing its socket over",
-        ));
-    }
-    if got.flags.contains(ReturnFlags::CTRUNC) || fds.len() != 1 {
-        return Err(io::Error::other(format!(
-            "the guest sent {} descriptors (truncated: {}), not one",
-            fds.len(),
-            got.flags.contains(ReturnFlags::CTRUNC)
-        )));
-    }
-    fds.pop()
-        .ok_or_else(|| io::Error::other("no descriptor from the guest"))
+    Ok(Received {
+        bytes: got.bytes,
+        truncated: got.flags.contains(ReturnFlags::CTRUNC),
+        fds,
+    })
 }
 
-/// `fd` if it is a connected TCP socket over IPv4 or IPv6.
-fn checked_tcp(fd: OwnedFd) -> io::Result<OwnedFd> {
+/// Whether `fd` is a connected TCP socket over IPv4 or IPv6.
+fn checked_tcp(fd: &OwnedFd) -> io::Result<()> {
     let refuse = |what: &str| {
         io::Error::other(format!(
             "the guest handed over {what}, not a TCP connection"
         ))
     };
-    if rustix::net::sockopt::socket_type(&fd)
+    if rustix::net::sockopt::socket_type(fd)
         .map_err(|_| refuse("something that is not a socket"))?
         != SocketType::STREAM
     {
         return Err(refuse("a socket that is not a stream"));
     }
-    if rustix::net::sockopt::socket_protocol(&fd)? != Some(rustix::net::ipproto::TCP) {
+    if rustix::net::sockopt::socket_protocol(fd)? != Some(rustix::net::ipproto::TCP) {
         return Err(refuse("a stream socket that is not TCP"));
     }
-    let family = rustix::net::getsockname(&fd)?.address_family();
+    let family = rustix::net::getsockname(fd)?.address_family();
     if family != AddressFamily::INET && family != AddressFamily::INET6 {
         return Err(refuse("a socket that is not IPv4 or IPv6"));
     }
-    rustix::net::getpeername(&fd)
+    rustix::net::getpeername(fd)
         .ok()
         .flatten()
         .ok_or_else(|| refuse("a socket that is not connected"))?;
-    Ok(fd)
+    Ok(())
 }
 
 #[cfg(test)]
