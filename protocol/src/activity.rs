@@ -5,7 +5,10 @@
 //! This module owns the shape of an entry and how each kind of happening
 //! becomes one ([`Happened`]: its kind, a one-line summary for people and
 //! its detail object). It never carries what was typed or the keys pressed:
-//! an action batch is recorded by its action names and counts only.
+//! an action batch is recorded by its action names and counts only, and a
+//! command line by its program and the argv [`argv`] keeps of it.
+
+pub mod argv;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,6 +16,8 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+use self::argv::{Argv, ArgvRecord};
 
 /// Most entries one read answers (and kept per desktop).
 pub const MAX_ACTIVITY_LIMIT: usize = 500;
@@ -116,6 +121,62 @@ pub struct ActivityEntry {
     pub detail: serde_json::Value,
 }
 
+impl ActivityEntry {
+    /// This entry (read back from disk, perhaps recorded under another
+    /// mode) as `mode` keeps it: `Some` when that changes it. An exec's or
+    /// a terminal's argv is redacted or left out again; nothing left out
+    /// comes back.
+    pub fn kept(&self, mode: ArgvRecord) -> Option<Self> {
+        let what = self.happened()?;
+        let kept = what.kept(mode);
+        let entry = Self {
+            summary: kept.summary(),
+            detail: kept.detail(),
+            ..self.clone()
+        };
+        (entry != *self).then_some(entry)
+    }
+
+    /// The command line an exec's or a terminal's detail holds, back as
+    /// what happened; `None` for other kinds (and a detail not of its kind).
+    fn happened(&self) -> Option<Happened> {
+        let d = &self.detail;
+        let argv = || -> Option<Argv> {
+            let strings = |v: &serde_json::Value| -> Option<Vec<String>> {
+                v.as_array()?
+                    .iter()
+                    .map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            };
+            let argv = d.get("argv").and_then(strings);
+            let program = match d.get("program").and_then(serde_json::Value::as_str) {
+                Some(p) => p.to_owned(),
+                None => argv.as_ref()?.first().cloned().unwrap_or_default(),
+            };
+            Some(Argv {
+                program,
+                argv,
+                cut: d.get("argv_cut").and_then(serde_json::Value::as_bool) == Some(true),
+            })
+        };
+        let count = |key: &str| d.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        match self.kind {
+            ActivityKind::Exec => Some(Happened::Exec {
+                argv: argv()?,
+                exit_code: d
+                    .get("exit_code")
+                    .and_then(serde_json::Value::as_i64)
+                    .and_then(|c| i32::try_from(c).ok()),
+                timed_out: d.get("timed_out").and_then(serde_json::Value::as_bool) == Some(true),
+                stdout_bytes: count("stdout_bytes"),
+                stderr_bytes: count("stderr_bytes"),
+            }),
+            ActivityKind::Terminal => Some(Happened::Terminal { argv: argv() }),
+            _ => None,
+        }
+    }
+}
+
 /// `GET /v1/computers/{id}/activity`: newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActivityPage {
@@ -135,17 +196,21 @@ pub enum Happened {
     },
     /// A command ran to its end (or was given up).
     Exec {
-        /// What ran.
-        argv: Vec<String>,
+        /// What ran (as given; [`Happened::kept`] applies the mode).
+        argv: Argv,
         /// Its exit code, if it exited.
         exit_code: Option<i32>,
         /// Whether its timeout ended it.
         timed_out: bool,
+        /// Bytes of standard output the broker got (never the bytes).
+        stdout_bytes: u64,
+        /// Bytes of standard error the broker got (never the bytes).
+        stderr_bytes: u64,
     },
     /// A terminal session was opened.
     Terminal {
         /// What it runs; the login shell when absent.
-        argv: Option<Vec<String>>,
+        argv: Option<Argv>,
     },
     /// A file was written.
     FileWrite {
@@ -229,6 +294,31 @@ pub enum Happened {
 }
 
 impl Happened {
+    /// What a record keeps of it under `mode`: a command line's argv
+    /// redacted, whole or left out (cut to [`argv::MAX_ARGV_BYTES`]);
+    /// anything else as it is.
+    pub fn kept(&self, mode: ArgvRecord) -> Self {
+        match self {
+            Self::Exec {
+                argv,
+                exit_code,
+                timed_out,
+                stdout_bytes,
+                stderr_bytes,
+            } => Self::Exec {
+                argv: argv.kept(mode),
+                exit_code: *exit_code,
+                timed_out: *timed_out,
+                stdout_bytes: *stdout_bytes,
+                stderr_bytes: *stderr_bytes,
+            },
+            Self::Terminal { argv } => Self::Terminal {
+                argv: argv.as_ref().map(|a| a.kept(mode)),
+            },
+            other => other.clone(),
+        }
+    }
+
     /// Its kind.
     pub fn kind(&self) -> ActivityKind {
         match self {
@@ -261,8 +351,23 @@ impl Happened {
                 argv,
                 exit_code,
                 timed_out,
-            } => json!({"argv": argv, "exit_code": exit_code, "timed_out": timed_out}),
-            Self::Terminal { argv } => json!({ "argv": argv }),
+                stdout_bytes,
+                stderr_bytes,
+            } => json!({
+                "program": argv.program,
+                "argv": argv.argv,
+                "argv_cut": argv.cut,
+                "exit_code": exit_code,
+                "timed_out": timed_out,
+                "stdout_bytes": stdout_bytes,
+                "stderr_bytes": stderr_bytes,
+            }),
+            Self::Terminal { argv: Some(argv) } => json!({
+                "program": argv.program,
+                "argv": argv.argv,
+                "argv_cut": argv.cut,
+            }),
+            Self::Terminal { argv: None } => json!({"program": null, "argv": null}),
             Self::FileWrite { path, bytes } => json!({"path": path, "bytes": bytes}),
             Self::FileDelete { path, removed } => {
                 json!({"path": path, "bytes": 0, "removed": removed})
@@ -315,15 +420,16 @@ impl Happened {
                 argv,
                 exit_code,
                 timed_out,
+                ..
             } => {
                 let end = match (exit_code, timed_out) {
                     (_, true) => "timed out".to_owned(),
                     (Some(code), false) => format!("exit {code}"),
                     (None, false) => "no exit code".to_owned(),
                 };
-                format!("exec {}: {end}", argv.join(" "))
+                format!("exec {}: {end}", argv.line())
             }
-            Self::Terminal { argv: Some(argv) } => format!("terminal: {}", argv.join(" ")),
+            Self::Terminal { argv: Some(argv) } => format!("terminal: {}", argv.line()),
             Self::Terminal { argv: None } => "terminal: login shell".to_owned(),
             Self::FileWrite { path, bytes } => format!("wrote {path} ({bytes} bytes)"),
             Self::FileDelete { path, removed } => {
@@ -434,6 +540,68 @@ mod tests {
         assert_eq!(json["kind"], "actions");
         let back: ActivityEntry = serde_json::from_value(json).unwrap();
         assert_eq!(back.seq, 17);
+    }
+
+    #[test]
+    fn an_exec_entry_keeps_sizes_and_a_redacted_argv() {
+        let argv: Vec<String> = [
+            "curl",
+            "-H",
+            "Authorization: Bearer sekrit",
+            "https://a:b@h/",
+        ]
+        .map(String::from)
+        .to_vec();
+        let h = Happened::Exec {
+            argv: Argv::given(argv.clone()),
+            exit_code: Some(0),
+            timed_out: false,
+            stdout_bytes: 12,
+            stderr_bytes: 3,
+        };
+        let kept = h.kept(ArgvRecord::Redacted);
+        assert_eq!(
+            kept.detail(),
+            serde_json::json!({
+                "program": "curl",
+                "argv": ["curl", "-H", "Authorization: [redacted]", "https://[redacted]@h/"],
+                "argv_cut": false,
+                "exit_code": 0,
+                "timed_out": false,
+                "stdout_bytes": 12,
+                "stderr_bytes": 3,
+            })
+        );
+        assert_eq!(
+            kept.summary(),
+            "exec curl -H Authorization: [redacted] https://[redacted]@h/: exit 0"
+        );
+        let none = h.kept(ArgvRecord::None);
+        assert_eq!(none.detail()["argv"], serde_json::Value::Null);
+        assert_eq!(none.summary(), "exec curl: exit 0");
+
+        // An entry recorded in full (or before redaction) is redacted when
+        // read back, and one already redacted is left as it is.
+        let full = h.kept(ArgvRecord::Full);
+        let entry = ActivityEntry {
+            seq: 1,
+            at: Utc::now(),
+            actor: Actor::Api,
+            kind: full.kind(),
+            summary: full.summary(),
+            detail: full.detail(),
+        };
+        assert!(entry.summary.contains("sekrit"));
+        let again = entry.kept(ArgvRecord::Redacted).unwrap();
+        assert_eq!(again.detail, kept.detail());
+        assert_eq!(again.summary, kept.summary());
+        assert_eq!(again.kept(ArgvRecord::Redacted), None);
+        let old = ActivityEntry {
+            detail: serde_json::json!({"argv": argv, "exit_code": 0, "timed_out": false}),
+            ..entry
+        };
+        let text = serde_json::to_string(&old.kept(ArgvRecord::Redacted).unwrap()).unwrap();
+        assert!(!text.contains("sekrit"), "{text}");
     }
 
     #[test]

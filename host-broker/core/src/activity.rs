@@ -27,6 +27,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{SubsecRound as _, Utc};
+use dormouse_protocol::activity::argv::ArgvRecord;
 use dormouse_protocol::activity::{ActivityEntry, Actor, Happened, MAX_ACTIVITY_LIMIT};
 use dormouse_protocol::api::BrokerEvent;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -81,6 +82,8 @@ enum Write {
 struct Shared {
     rings: Mutex<HashMap<Uuid, Ring>>,
     ring_len: usize,
+    /// What an entry keeps of a command line (`--activity-argv`).
+    argv: ArgvRecord,
     writes: Option<mpsc::Sender<Write>>,
     events: broadcast::Sender<BrokerEvent>,
 }
@@ -99,6 +102,7 @@ impl ActivityLog {
             shared: Arc::new(Shared {
                 rings: Mutex::new(HashMap::new()),
                 ring_len: RING,
+                argv: ArgvRecord::default(),
                 writes: None,
                 events,
             }),
@@ -113,7 +117,7 @@ impl ActivityLog {
         ids: impl IntoIterator<Item = Uuid>,
         events: broadcast::Sender<BrokerEvent>,
     ) -> Self {
-        Self::open_with_ring(paths, ids, events, RING)
+        Self::open_with(paths, ids, events, RING, ArgvRecord::default())
     }
 
     /// [`ActivityLog::open`] with a ring of `ring_len` (tests use small ones).
@@ -123,11 +127,23 @@ impl ActivityLog {
         events: broadcast::Sender<BrokerEvent>,
         ring_len: usize,
     ) -> Self {
+        Self::open_with(paths, ids, events, ring_len, ArgvRecord::default())
+    }
+
+    /// [`ActivityLog::open`] with a ring of `ring_len`, keeping of each
+    /// command line what `argv` says (entries read back are kept so too).
+    pub fn open_with(
+        paths: &Paths,
+        ids: impl IntoIterator<Item = Uuid>,
+        events: broadcast::Sender<BrokerEvent>,
+        ring_len: usize,
+        argv: ArgvRecord,
+    ) -> Self {
         let ring_len = ring_len.max(1);
         let mut rings = HashMap::new();
         let mut files = HashMap::new();
         for id in ids {
-            let (ring, file) = read_back(paths, id, ring_len);
+            let (ring, file) = read_back(paths, id, ring_len, argv);
             rings.insert(id, ring);
             files.insert(id, file);
         }
@@ -142,6 +158,7 @@ impl ActivityLog {
             shared: Arc::new(Shared {
                 rings: Mutex::new(rings),
                 ring_len,
+                argv,
                 writes: Some(tx),
                 events,
             }),
@@ -189,6 +206,7 @@ impl ActivityLog {
             }
         }
         ring.next_seq = seq.saturating_add(1);
+        let what = what.kept(self.shared.argv);
         let entry = ActivityEntry {
             seq,
             // Kept as the wire has it, so a record read back equals it.
@@ -270,7 +288,11 @@ struct FileState {
 /// Reads one computer's file back: its ring, and the writer's view of the
 /// file. A torn or oversized file is compacted at once, and the next
 /// numbers are reserved on disk, before anything is recorded.
-fn read_back(paths: &Paths, id: Uuid, ring_len: usize) -> (Ring, FileState) {
+///
+/// An entry recorded under another `--activity-argv` (or before there was
+/// one) is kept as `argv` says, and the file rewritten without what it
+/// no longer keeps.
+fn read_back(paths: &Paths, id: Uuid, ring_len: usize, argv: ArgvRecord) -> (Ring, FileState) {
     let path = paths.activity(id);
     let mut entries = VecDeque::new();
     let mut state = FileState::default();
@@ -291,12 +313,26 @@ fn read_back(paths: &Paths, id: Uuid, ring_len: usize) -> (Ring, FileState) {
         compact |= !bytes.is_empty() && bytes.last() != Some(&b'\n');
         for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             state.lines += 1;
-            let Ok(entry) = serde_json::from_slice::<ActivityEntry>(line) else {
+            let Ok(mut entry) = serde_json::from_slice::<ActivityEntry>(line) else {
                 continue;
             };
             last_seq = last_seq.max(entry.seq);
+            let mut line = line.to_vec();
+            if let Some(kept) = entry.kept(argv) {
+                match serde_json::to_vec(&kept) {
+                    Ok(again) => {
+                        entry = kept;
+                        line = again;
+                        compact = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(computer = %id, error = %e, "cannot encode an activity entry");
+                        continue;
+                    }
+                }
+            }
             entries.push_back(entry);
-            state.tail.push_back(line.to_vec());
+            state.tail.push_back(line);
             if entries.len() > ring_len {
                 entries.pop_front();
                 state.tail.pop_front();

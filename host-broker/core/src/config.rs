@@ -86,6 +86,9 @@ pub struct BrokerConfig {
     pub resume_after_restart: ResumeAfterRestart,
     /// How many of those start (and boot to ready) at once (at least 1).
     pub resume_concurrency: usize,
+    /// What an exec's or a terminal's activity entry keeps of its argv:
+    /// `dormoused --activity-argv`.
+    pub activity_argv: dormouse_protocol::activity::argv::ArgvRecord,
 }
 
 /// Limits of the workspace routes.
@@ -130,6 +133,7 @@ impl BrokerConfig {
             egress_default: dormouse_protocol::egress_policy::EgressMode::Off,
             resume_after_restart: ResumeAfterRestart::Running,
             resume_concurrency: 2,
+            activity_argv: dormouse_protocol::activity::argv::ArgvRecord::Redacted,
         }
     }
 }

@@ -171,7 +171,13 @@ pub async fn spawn_backend(
         tracing::error!(error = %e, "skipping a computer record that cannot be read");
     }
     let (events, _) = broadcast::channel(EVENT_QUEUE);
-    let activity = ActivityLog::open(&paths, records.iter().map(|r| r.id), events.clone());
+    let activity = ActivityLog::open_with(
+        &paths,
+        records.iter().map(|r| r.id),
+        events.clone(),
+        crate::activity::RING,
+        config.activity_argv,
+    );
 
     let resync_interval = config.resync_interval;
     let config = Arc::new(config);

@@ -167,6 +167,9 @@ pub struct DaemonArgs {
     /// (/etc/hosts syntax), for split-horizon names.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    /// What activity keeps of an exec's argv: redacted, full or none (the program only).
+    #[arg(long, value_name = "MODE", default_value = "redacted")]
+    pub activity_argv: dormouse_protocol::activity::argv::ArgvRecord,
     #[command(flatten)]
     pub restart: restart::RestartArgs,
 }
@@ -212,6 +215,7 @@ impl DaemonArgs {
         config.workspace.import.max_entries = self.import_max_entries;
         config.workspace.files.max_write_bytes = self.file_max_bytes;
         config.egress_default = self.egress_default;
+        config.activity_argv = self.activity_argv;
         config.workspace_quota = dormouse_core::quota::WorkspaceQuota {
             bytes: self.workspace_max_bytes,
             inodes: self.workspace_max_inodes,

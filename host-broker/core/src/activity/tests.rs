@@ -163,3 +163,70 @@ fn the_actor_is_the_holder_of_the_generation_carried() {
     assert_eq!(actor_of(Some(&lease), Some(3)), Actor::Api);
     assert_eq!(actor_of(None, Some(4)), Actor::Api);
 }
+
+fn exec_with_secret() -> Happened {
+    Happened::Exec {
+        argv: dormouse_protocol::activity::argv::Argv::given(
+            [
+                "curl",
+                "-H",
+                "Authorization: Bearer tok-0123456789",
+                "https://bot:pw-0123456789@example.com/",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        exit_code: Some(0),
+        timed_out: false,
+        stdout_bytes: 42,
+        stderr_bytes: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_command_line_is_kept_as_the_mode_says_in_memory_on_disk_and_on_the_stream() {
+    let id = Uuid::new_v4();
+    let (_dir, paths) = paths_with(id);
+    let secrets = ["tok-0123456789", "pw-0123456789"];
+    {
+        let log = ActivityLog::open_with(&paths, [id], events(), 10, ArgvRecord::Full);
+        log.record(id, Actor::Api, &exec_with_secret());
+        log.flush().await;
+    }
+    let on_disk = std::fs::read_to_string(paths.activity(id)).expect("record");
+    assert!(on_disk.contains(secrets[0]), "full keeps the argv as typed");
+
+    // Opened again under `redacted`: what was kept in full is redacted,
+    // in memory and in the file.
+    let tx = events();
+    let mut stream = tx.subscribe();
+    let log = ActivityLog::open_with(&paths, [id], tx, 10, ArgvRecord::Redacted);
+    let back = log.recent(id, 10).expect("known");
+    let text = serde_json::to_string(&back).expect("json");
+    let on_disk = std::fs::read_to_string(paths.activity(id)).expect("record");
+    for secret in secrets {
+        assert!(!text.contains(secret), "{text}");
+        assert!(!on_disk.contains(secret), "{on_disk}");
+    }
+    assert_eq!(back[0].detail["stdout_bytes"], 42);
+
+    let entry = log
+        .record(id, Actor::Api, &exec_with_secret())
+        .expect("recorded");
+    let event = serde_json::to_string(&stream.recv().await.expect("event")).expect("json");
+    log.flush().await;
+    let on_disk = std::fs::read_to_string(paths.activity(id)).expect("record");
+    for secret in secrets {
+        assert!(!event.contains(secret), "{event}");
+        assert!(!on_disk.contains(secret), "{on_disk}");
+        assert!(!entry.summary.contains(secret));
+    }
+    assert_eq!(entry.detail["program"], "curl");
+    assert_eq!(entry.detail["argv"][2], "Authorization: [redacted]");
+    assert_eq!(entry.detail["exit_code"], 0);
+
+    let log = ActivityLog::open_with(&paths, [id], events(), 10, ArgvRecord::None);
+    let newest = &log.recent(id, 1).expect("known")[0];
+    assert_eq!(newest.detail["argv"], serde_json::Value::Null);
+    assert_eq!(newest.summary, "exec curl: exit 0");
+}

@@ -30,6 +30,7 @@ pub mod actions;
 use std::time::Duration;
 
 use dormouse_protocol::actions::{ActionBatch, ActionResults};
+use dormouse_protocol::activity::argv::Argv;
 use dormouse_protocol::activity::Happened;
 use dormouse_protocol::call;
 use dormouse_protocol::exec::{ExecRequest, ExecResult, PtyOpen};
@@ -113,11 +114,16 @@ impl BrokerHandle {
         };
         let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
         let result = exec(&ticket, request).await;
-        // Recorded on its outcome: an exec given up has no exit code.
+        // Recorded on its outcome (an exec given up has no exit code), by
+        // its output's sizes, never its bytes; the log keeps of the argv
+        // what `--activity-argv` says.
+        let size = |bytes: &[u8]| u64::try_from(bytes.len()).unwrap_or(u64::MAX);
         let what = Happened::Exec {
-            argv,
+            argv: Argv::given(argv),
             exit_code: result.as_ref().ok().and_then(|r| r.exit_code),
             timed_out: result.as_ref().is_ok_and(|r| r.timed_out),
+            stdout_bytes: result.as_ref().map_or(0, |r| size(&r.stdout)),
+            stderr_bytes: result.as_ref().map_or(0, |r| size(&r.stderr)),
         };
         self.record_activity(id, ticket.actor.clone(), &what);
         result
@@ -182,7 +188,7 @@ impl BrokerHandle {
     ) -> Result<(PtyOpened, GuestPty, Ticket), BrokerError> {
         open.validate()
             .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
-        let argv = open.argv.clone();
+        let argv = open.argv.clone().map(Argv::given);
         let ticket = self.admit_guest(id, fence, Purpose::Exec).await?;
         let (opened, pty) = terminal(&ticket, open).await?;
         self.record_activity(id, ticket.actor.clone(), &Happened::Terminal { argv });
