@@ -11,7 +11,10 @@
 //! `clipboard_get` right after reads the new text. The child exits when another client takes
 //! the selection (the next `set`, a copy in an application), and is reaped
 //! as an orphan by [`crate::init`], so calls never pile up processes.
-//! `get` reads `xclip -o` up to [`MAX_CLIPBOARD_BYTES`]. Every process is
+//! `get` answers `""` when the X server names no owner of CLIPBOARD, else
+//! reads `xclip -o` up to [`MAX_CLIPBOARD_BYTES`]; an xclip that fails is
+//! an error with its status and the first line of its stderr (xclip's
+//! own message: `-o` never writes the text there). Every process is
 //! spawned through [`crate::init::spawn`] and waited on without `waitpid`;
 //! one that outlives its bound is killed with its process group. It never
 //! logs the text.
@@ -43,8 +46,8 @@ pub enum ClipboardError {
     /// xclip did not finish within [`XCLIP_TIMEOUT`].
     #[error("xclip did not finish within {0:?}")]
     Timeout(Duration),
-    /// xclip failed (its status; stderr is not passed on, it may quote the
-    /// text).
+    /// xclip failed: its status, and for a read the first line of its
+    /// stderr (a set's stderr is not passed on).
     #[error("xclip failed ({0})")]
     Failed(String),
     /// The selection holds more than [`MAX_CLIPBOARD_BYTES`].
@@ -137,17 +140,36 @@ fn owner(conn: &RustConnection, selection: u32) -> Result<u32, XError> {
     Ok(conn.get_selection_owner(selection)?.reply()?.owner)
 }
 
-/// The text of CLIPBOARD, empty when nobody owns it. Blocking; at most
-/// [`XCLIP_TIMEOUT`].
-pub fn get(config: &Config) -> Result<String, ClipboardError> {
+/// Most bytes of a failed xclip's stderr read for its reason.
+const MAX_REASON_BYTES: u64 = 4096;
+/// Longest reason passed on, in characters.
+const MAX_REASON_CHARS: usize = 200;
+
+/// The text of CLIPBOARD, empty when the X server (asked on `conn`) names
+/// no owner of it. Blocking; at most [`XCLIP_TIMEOUT`].
+pub fn get(config: &Config, conn: &RustConnection) -> Result<String, ClipboardError> {
+    let clipboard = x_client::atom(conn, b"CLIPBOARD")?;
+    if owner(conn, clipboard)? == x11rb::NONE {
+        return Ok(String::new());
+    }
     let mut cmd = xclip(config, &["-o", "-selection", "clipboard"]);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let (mut owned, mut child) = init::spawn(&mut cmd)?;
     let until = Instant::now() + XCLIP_TIMEOUT;
-    let Some(stdout) = child.stdout.take() else {
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         owned.signal_group(Signal::SIGKILL);
-        return Err(ClipboardError::Failed("no stdout".into()));
+        return Err(ClipboardError::Failed("no stdout or stderr".into()));
     };
+    // Its reason, should it fail: read beside stdout, so neither pipe
+    // fills while the other is read.
+    let (err_tx, err_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.take(MAX_REASON_BYTES).read_to_end(&mut bytes);
+        let _ = err_tx.send(bytes);
+    });
     // Read on a thread of its own, so a stuck xclip is killed on time (the
     // kill closes the pipe and ends the read).
     let (tx, rx) = mpsc::channel();
@@ -170,9 +192,58 @@ pub fn get(config: &Config) -> Result<String, ClipboardError> {
         return Err(ClipboardError::TooLarge);
     }
     let exit = wait(&mut owned, until)?;
-    // xclip exits 1 with nothing read when no client owns the selection.
-    if !exit.success() && !bytes.is_empty() {
-        return Err(ClipboardError::Failed(exit.to_string()));
+    if !exit.success() {
+        let left = until.saturating_duration_since(Instant::now());
+        let stderr = err_rx.recv_timeout(left).unwrap_or_default();
+        return Err(failed(&exit, &stderr));
     }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A failed xclip as an error: its status and the first line of its
+/// stderr, control characters as `?`, cut to [`MAX_REASON_CHARS`].
+fn failed(exit: &init::ChildExit, stderr: &[u8]) -> ClipboardError {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty());
+    match line {
+        Some(line) => {
+            let mut reason: String = line
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .take(MAX_REASON_CHARS)
+                .collect();
+            if line.chars().count() > MAX_REASON_CHARS {
+                reason.push('…');
+            }
+            ClipboardError::Failed(format!("{exit}: {reason}"))
+        }
+        None => ClipboardError::Failed(format!("{exit}, nothing on stderr")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_read_says_why() {
+        let e = failed(
+            &init::ChildExit::Code(1),
+            b"\nError: target STRING not available\nmore\n",
+        );
+        assert_eq!(e.code(), "clipboard_failed");
+        assert_eq!(
+            e.to_string(),
+            "xclip failed (exit 1: Error: target STRING not available)"
+        );
+        let e = failed(&init::ChildExit::Signal(9), b"");
+        assert_eq!(
+            e.to_string(),
+            "xclip failed (signal 9 (SIGKILL), nothing on stderr)"
+        );
+        let long = format!("Error: \x1b[31m{}", "x".repeat(500));
+        let e = failed(&init::ChildExit::Code(1), long.as_bytes()).to_string();
+        assert!(!e.contains('\x1b') && e.ends_with("…)"), "{e}");
+        assert!(e.chars().count() < MAX_REASON_CHARS + 40);
+    }
 }

@@ -444,7 +444,7 @@ impl Runner<'_> {
             Action::ClipboardGet {} => {
                 // In the payload, after the images: a guest's strings are
                 // escaped and cut on arrival, the payload's bytes are not.
-                let text = clipboard::get(self.desktop()?)?;
+                let text = clipboard::get(self.desktop()?, self.conn)?;
                 self.texts.push(text.into_bytes());
             }
             Action::ClipboardSet { text } => clipboard::set(self.desktop()?, self.conn, text)?,
