@@ -455,29 +455,29 @@ fn size_limits_are_enforced_before_writing() {
         )
         .finish();
     assert_eq!(refused(&a, &d, "huge.img"), Refusal::TooLarge(10 << 30));
-    // A real file over a small limit, and a total that crosses it.
+    // A file over a small limit, and a total that crosses it: every byte
+    // counts (512 per header, content padded to 512, the end marker 1024).
     let small = ImportLimits {
-        max_total_bytes: 1000,
+        max_total_bytes: 3072,
         ..ImportLimits::default()
     };
-    let a = Tar::new().file("big", &[1u8; 1001]).finish();
-    assert_eq!(refused(&a, &small, "big"), Refusal::TooLarge(1000));
+    let a = Tar::new().file("big", &[1u8; 3000]).finish();
+    assert_eq!(refused(&a, &small, "big"), Refusal::TooLarge(3072));
     let a = Tar::new()
         .file("a", &[1u8; 600])
-        .file("b", &[1u8; 600])
+        .file("b", &[1u8; 1100])
         .finish();
-    assert_eq!(refused(&a, &small, "b"), Refusal::TooLarge(1000));
-    let err = WorkspaceError::Refused {
-        entry: "b".into(),
-        reason: Refusal::TooLarge(1000),
-    };
+    assert_eq!(refused(&a, &small, "b"), Refusal::TooLarge(3072));
+    let (entry, reason) = ("b".into(), Refusal::TooLarge(3072));
+    let err = WorkspaceError::Refused { entry, reason };
     assert_eq!(err.class(), ErrorClass::TooLarge);
-    // Within the limit it goes through.
+    // Exactly at the limit it goes through.
     let rig = Rig::new();
     let a = Tar::new()
-        .file("a", &[1u8; 500])
-        .file("b", &[1u8; 500])
+        .file("a", &[1; 500])
+        .file("b", &[1; 500])
         .finish();
+    assert_eq!(a.len(), 3072);
     replace_from_tar(&rig.ws(), &a[..], &small).unwrap();
 }
 

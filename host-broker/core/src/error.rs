@@ -121,7 +121,7 @@ impl BrokerError {
                 Self::Internal("the state directory could not be read or written".into())
             }
             Self::Workspace(e) => match e.class() {
-                ErrorClass::BadRequest | ErrorClass::TooLarge => {
+                ErrorClass::BadRequest | ErrorClass::TooLarge | ErrorClass::TimedOut => {
                     Self::BadRequest(workspace_message(e))
                 }
                 ErrorClass::NotFound | ErrorClass::Conflict => {

@@ -148,6 +148,7 @@ impl ApiStatus for BrokerError {
                 WorkspaceClass::NotFound => ErrorCode::NotFound,
                 WorkspaceClass::Conflict => ErrorCode::WrongState,
                 WorkspaceClass::TooLarge => ErrorCode::PayloadTooLarge,
+                WorkspaceClass::TimedOut => ErrorCode::RequestTimeout,
                 WorkspaceClass::Internal => ErrorCode::Internal,
             },
         }

@@ -111,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
         },
+        ..ImportLimits::default()
     };
 
     // A new workspace from the archive.

@@ -41,6 +41,7 @@ use std::io;
 pub use archive::{
     create_from_tar, export_archive, export_check, export_tar, recover, replace_from_tar,
     Compression, ExportSummary, ImportLimits, ImportSummary, Recovery, Refusal,
+    DEFAULT_MAX_DURATION, DEFAULT_MEMORY_BUDGET,
 };
 pub use disk::{disk_usage, DiskUsage, DEFAULT_DISK_DEADLINE};
 pub use files::{
@@ -74,8 +75,8 @@ impl Default for Owner {
 }
 
 /// What an error means to a client, so the API can pick a status without
-/// looking inside: bad input `400`, missing `404`, state conflict `409`,
-/// over a limit `413`, our fault `500`.
+/// looking inside: bad input `400`, missing `404`, too slow `408`, state
+/// conflict `409`, over a limit `413`, our fault `500`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
     /// The request names something the workspace will not do (`400`).
@@ -84,8 +85,10 @@ pub enum ErrorClass {
     NotFound,
     /// The workspace's state forbids it now (`409`).
     Conflict,
-    /// Over a size or count limit (`413`).
+    /// Over a size or count limit, or the memory budget (`413`).
     TooLarge,
+    /// Over a time bound (`408`).
+    TimedOut,
     /// An I/O failure on the host (`500`).
     Internal,
 }
@@ -159,16 +162,25 @@ pub enum WorkspaceError {
     /// An export would hold more than the import accepts (its file content
     /// or its entries), so it is refused (or, past its first byte, ended
     /// without an end-of-archive marker) at the entry that crosses the line.
-    #[error("the workspace's archive would be larger than an import accepts ({max_bytes} bytes of file content, {max_entries} entries; a sparse file counts at its full size): refused at {path:?} ({size} bytes)")]
+    #[error("the workspace's archive would be larger than an import accepts ({max_bytes} bytes decompressed, headers included, {max_entries} entries; a sparse file counts at its full size): refused at {path:?} ({size} bytes)")]
     ExportTooLarge {
         /// The entry that crosses the line, workspace-relative.
         path: String,
         /// Its size (what its `lstat` says, holes included).
         size: u64,
-        /// The import's limit on file content.
+        /// The import's limit on the archive's decompressed bytes.
         max_bytes: u64,
         /// The import's limit on entries.
         max_entries: u64,
+    },
+    /// An export's bookkeeping (first names of multiply-linked files,
+    /// directory listings) would take more memory than its budget.
+    #[error("the workspace's archive needs more than {budget} bytes of memory for its bookkeeping (the archive memory budget: names of files with several links, directory listings): refused at {path:?}")]
+    ExportOverBudget {
+        /// Where the walk was, workspace-relative.
+        path: String,
+        /// [`ImportLimits::memory_budget`].
+        budget: u64,
     },
     /// An archive was refused; nothing was written to the workspace.
     #[error("archive refused at entry {entry:?}: {reason}")]
@@ -224,9 +236,10 @@ impl WorkspaceError {
             Self::NotEmpty { .. } | Self::Changed { .. } | Self::Busy | Self::Exists { .. } => {
                 ErrorClass::Conflict
             }
-            Self::TooLarge { .. } | Self::TooManyEntries { .. } | Self::ExportTooLarge { .. } => {
-                ErrorClass::TooLarge
-            }
+            Self::TooLarge { .. }
+            | Self::TooManyEntries { .. }
+            | Self::ExportTooLarge { .. }
+            | Self::ExportOverBudget { .. } => ErrorClass::TooLarge,
             Self::Io { .. } => ErrorClass::Internal,
         }
     }

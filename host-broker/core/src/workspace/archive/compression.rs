@@ -14,6 +14,7 @@ use std::rc::Rc;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 
+use super::budget::Exceeded;
 use super::{Compression, Refusal};
 
 /// gzip level of an export: fast, most of the ratio of the default.
@@ -131,15 +132,25 @@ impl Read for Decoded<'_> {
     }
 }
 
-/// The refusal a read error of an import deserves.
+/// The refusal a read error of an import deserves: a corrupt stream, a
+/// limit of the meter under the tar reader, or else a stream cut short.
 pub(crate) fn read_refusal(e: &io::Error) -> Refusal {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<CorruptStream>())
-    {
-        Some(CorruptStream(codec)) => Refusal::Corrupt(codec),
-        None => Refusal::Truncated,
-    }
+    limit_refusal(e).unwrap_or_else(|| {
+        match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<CorruptStream>())
+        {
+            Some(CorruptStream(codec)) => Refusal::Corrupt(codec),
+            None => Refusal::Truncated,
+        }
+    })
+}
+
+/// The limit (bytes or time) a read error of an import reports, if any.
+pub(crate) fn limit_refusal(e: &io::Error) -> Option<Refusal> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Exceeded>())
+        .map(|Exceeded(r)| r.clone())
 }
 
 /// Recognises the compression of `input` and undoes it; a stream that is

@@ -4,10 +4,11 @@
 //!
 //! It must never follow a link, never read outside the workspace's
 //! filesystem, and never end a failed export with an end-of-archive marker
-//! or a compressor's trailer.
+//! or a compressor's trailer. What it keeps per entry (the first name of a
+//! file with several, the listing of each directory on the way down) is
+//! charged against the memory budget ([`super::budget`]).
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -20,6 +21,7 @@ use nix::fcntl::readlinkat;
 use nix::sys::stat::{FileStat, SFlag};
 use tar::{EntryType as TarType, Header};
 
+use super::budget::{Budget, FirstNames, ITEM_OVERHEAD};
 use super::compression::Encoder;
 use super::{
     Compression, ExportSummary, ImportLimits, BROWSER_CACHES, BROWSER_LOCKS, BROWSER_PROFILES,
@@ -32,6 +34,10 @@ use crate::workspace::WorkspaceError;
 const USTAR_MAX_SIZE: u64 = (1 << 33) - 1;
 /// Largest time an ustar header holds in octal.
 const USTAR_MAX_TIME: i64 = (1 << 33) - 1;
+/// A tar block.
+const BLOCK: u64 = 512;
+/// The end-of-archive marker: two zero blocks.
+const END_MARKER: u64 = 2 * BLOCK;
 
 /// A writer that refuses everything once poisoned, so a failed export
 /// cannot end with the tar builder's end-of-archive marker or the
@@ -98,13 +104,16 @@ pub fn export_tar<W: Write>(root: &WorkspaceRoot, out: W) -> Result<ExportSummar
 /// says (see the module documentation for what is left out). On error the
 /// stream is left without its end-of-archive marker and trailer.
 ///
-/// The archive is bounded by what the import accepts (`limits`): more file
-/// content than [`ImportLimits::max_total_bytes`] (a sparse file counts at
-/// its full size: the import takes no holes) or more entries than
+/// The archive is bounded by what the import accepts (`limits`): an
+/// archive of more than [`ImportLimits::max_total_bytes`] (every byte of
+/// the tar counted, as the import counts it; a sparse file counts at its
+/// full size: the import takes no holes) or more entries than
 /// [`ImportLimits::max_entries`] ends it with
 /// [`WorkspaceError::ExportTooLarge`] the moment the entry that crosses the
-/// line comes up, before a byte of that entry is read. Call
-/// [`export_check`] first to refuse such a workspace before answering.
+/// line comes up, before a byte of that entry is read; bookkeeping past
+/// [`ImportLimits::memory_budget`] ends it with
+/// [`WorkspaceError::ExportOverBudget`]. Call [`export_check`] first to
+/// refuse such a workspace before answering.
 pub fn export_archive<W: Write>(
     root: &WorkspaceRoot,
     out: W,
@@ -164,13 +173,17 @@ struct Walk<'l, W: Write> {
     builder: Builder<W>,
     dev: u64,
     summary: ExportSummary,
-    /// Files with more than one name, by (device, inode): the path of the
-    /// name written first.
-    seen: HashMap<(u64, u64), WorkspacePath>,
+    /// Files with more than one name, by inode: the path of the name
+    /// written first, until the last name was met.
+    seen: FirstNames,
+    /// The memory budget of `seen` and of the listings on the way down.
+    budget: Budget,
     /// What the import accepts, which bounds what is written.
     limits: &'l ImportLimits,
     /// Entries written so far (every type).
     entries: u64,
+    /// Bytes of the archive so far, as the import counts them.
+    archived: u64,
     /// Measure only ([`export_check`]): no file is opened, nothing written.
     dry: bool,
 }
@@ -181,44 +194,77 @@ impl<'l, W: Write> Walk<'l, W> {
             builder,
             dev: root.dev(),
             summary: ExportSummary::default(),
-            seen: HashMap::new(),
+            seen: FirstNames::default(),
+            budget: Budget::new(limits.memory_budget),
             limits,
             entries: 0,
+            archived: 0,
             dry,
         }
     }
 
-    /// Counts one more entry of `size` bytes of content against the
-    /// import's limits.
-    fn admit(&mut self, child: &WorkspacePath, size: u64) -> Result<(), WorkspaceError> {
+    /// Counts one more entry against the import's limits: its bytes in the
+    /// archive (extension records, header, content and its padding), with
+    /// room kept for the end-of-archive marker.
+    fn admit(&mut self, child: &WorkspacePath, entry: &Entry<'_>) -> Result<(), WorkspaceError> {
         self.entries += 1;
-        let over_bytes = size
-            > self
-                .limits
-                .max_total_bytes
-                .saturating_sub(self.summary.bytes);
-        if self.entries > self.limits.max_entries || over_bytes {
+        let bytes = entry.archive_bytes();
+        let total = self
+            .archived
+            .saturating_add(bytes)
+            .saturating_add(END_MARKER);
+        if self.entries > self.limits.max_entries || total > self.limits.max_total_bytes {
             return Err(WorkspaceError::ExportTooLarge {
                 path: child.to_string(),
-                size,
+                size: entry.size,
                 max_bytes: self.limits.max_total_bytes,
                 max_entries: self.limits.max_entries,
             });
         }
+        self.archived += bytes;
         Ok(())
+    }
+
+    fn over_budget(&self, child: &WorkspacePath) -> WorkspaceError {
+        WorkspaceError::ExportOverBudget {
+            path: child.to_string(),
+            budget: self.budget.limit(),
+        }
     }
 }
 
 impl<W: Write> Walk<'_, W> {
     fn dir(&mut self, dir: BorrowedFd<'_>, rel: &WorkspacePath) -> Result<(), WorkspaceError> {
-        let (mut names, _) =
-            read_names(dir, usize::MAX).map_err(|e| WorkspaceError::io("list", rel, e))?;
+        // The listing is held while the walk goes down: at most what the
+        // budget has left, each name charged.
+        let most = usize::try_from(self.budget.left() / ITEM_OVERHEAD).unwrap_or(usize::MAX);
+        let (mut names, cut) =
+            read_names(dir, most).map_err(|e| WorkspaceError::io("list", rel, e))?;
+        let listing: u64 = names
+            .iter()
+            .map(|n| u64::try_from(n.len()).unwrap_or(u64::MAX) + ITEM_OVERHEAD)
+            .sum();
+        if cut || self.budget.charge(listing).is_err() {
+            return Err(self.over_budget(rel));
+        }
+        let walked = self.dir_names(dir, rel, &mut names);
+        self.budget.release(listing);
+        walked
+    }
+
+    fn dir_names(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        rel: &WorkspacePath,
+        names: &mut [std::ffi::OsString],
+    ) -> Result<(), WorkspaceError> {
         names.sort();
         let in_profiles = rel.first() == Some(OsStr::new(BROWSER_PROFILES));
-        for name in names {
-            let child = rel.join_unchecked(&name);
+        for name in names.iter() {
+            let name = name.as_os_str();
+            let child = rel.join_unchecked(name);
             let Some(st) =
-                lstat_at(dir, &name).map_err(|e| WorkspaceError::io("stat", &child, e))?
+                lstat_at(dir, name).map_err(|e| WorkspaceError::io("stat", &child, e))?
             else {
                 self.summary.changed_while_reading += 1;
                 continue;
@@ -246,11 +292,11 @@ impl<W: Write> Walk<'_, W> {
                 continue;
             }
             if kind == SFlag::S_IFDIR {
-                self.subdir(dir, &name, &child, &st)?;
+                self.subdir(dir, name, &child, &st)?;
             } else if kind == SFlag::S_IFLNK {
-                self.symlink(dir, &name, &child, &st)?;
+                self.symlink(dir, name, &child, &st)?;
             } else {
-                self.file(dir, &name, &child, &st)?;
+                self.file(dir, name, &child, &st)?;
             }
         }
         Ok(())
@@ -265,8 +311,8 @@ impl<W: Write> Walk<'_, W> {
     ) -> Result<(), WorkspaceError> {
         let mut path = child.as_bytes().to_vec();
         path.push(b'/');
-        self.admit(child, 0)?;
         let entry = Entry::new(TarType::Directory, &path, st);
+        self.admit(child, &entry)?;
         self.append(entry, io::empty(), child)?;
         self.summary.dirs += 1;
         let sub = match open_child_dir(dir, name) {
@@ -295,9 +341,9 @@ impl<W: Write> Walk<'_, W> {
             }
             Err(e) => return Err(WorkspaceError::io("read the link", child, e.into())),
         };
-        self.admit(child, 0)?;
         let mut entry = Entry::new(TarType::Symlink, child.as_bytes(), st);
         entry.link = Some(target.as_bytes());
+        self.admit(child, &entry)?;
         self.append(entry, io::empty(), child)?;
         self.summary.symlinks += 1;
         Ok(())
@@ -310,22 +356,28 @@ impl<W: Write> Walk<'_, W> {
         child: &WorkspacePath,
         st: &FileStat,
     ) -> Result<(), WorkspaceError> {
-        let key = (st.st_dev, st.st_ino);
-        if st.st_nlink > 1 {
-            if let Some(first) = self.seen.get(&key).cloned() {
-                self.admit(child, 0)?;
+        // Every name is on the workspace's filesystem (others are left
+        // out), so the inode alone names the file.
+        let ino = st.st_ino;
+        let links = st.st_nlink;
+        if links > 1 {
+            if let Some(first) = self.seen.first(ino).map(<[u8]>::to_vec) {
                 let mut entry = Entry::new(TarType::Link, child.as_bytes(), st);
-                entry.link = Some(first.as_bytes());
+                entry.link = Some(&first);
+                self.admit(child, &entry)?;
                 self.append(entry, io::empty(), child)?;
+                self.seen.met(ino, &mut self.budget);
                 self.summary.hard_links += 1;
                 return Ok(());
             }
         }
         let listed = u64::try_from(st.st_size).unwrap_or(0);
-        self.admit(child, listed)?;
+        let mut entry = Entry::new(TarType::Regular, child.as_bytes(), st);
+        entry.size = listed;
+        self.admit(child, &entry)?;
         if self.dry {
-            if st.st_nlink > 1 {
-                self.seen.insert(key, child.clone());
+            if links > 1 {
+                self.keep_first_name(ino, child, links)?;
             }
             self.summary.files += 1;
             self.summary.bytes += listed;
@@ -359,11 +411,23 @@ impl<W: Write> Walk<'_, W> {
             self.summary.changed_while_reading += 1;
         }
         if st.st_nlink > 1 {
-            self.seen.insert(key, child.clone());
+            self.keep_first_name(ino, child, st.st_nlink)?;
         }
         self.summary.files += 1;
         self.summary.bytes += size;
         Ok(())
+    }
+
+    /// Keeps `child` as the name the other `links - 1` names link to.
+    fn keep_first_name(
+        &mut self,
+        ino: u64,
+        child: &WorkspacePath,
+        links: impl Into<u64>,
+    ) -> Result<(), WorkspaceError> {
+        self.seen
+            .insert(ino, child.as_bytes(), links, &mut self.budget)
+            .map_err(|_| self.over_budget(child))
     }
 
     /// Writes `entry`'s PAX records (when it needs any), its header and
@@ -424,6 +488,20 @@ impl<'a> Entry<'a> {
             gid: st.st_gid,
             mtime: (st.st_mtime, st.st_mtime_nsec),
         }
+    }
+
+    /// Bytes this entry takes in the archive: its extension header and
+    /// records (padded), its header, and its content (padded).
+    fn archive_bytes(&self) -> u64 {
+        let padded = |n: u64| n.div_ceil(BLOCK).saturating_mul(BLOCK);
+        let (_, records) = self.header();
+        let records = u64::try_from(records.len()).unwrap_or(u64::MAX);
+        let pax = if records == 0 {
+            0
+        } else {
+            BLOCK + padded(records)
+        };
+        pax + BLOCK + padded(self.size)
     }
 
     /// The ustar header and the PAX records for what it cannot hold: a

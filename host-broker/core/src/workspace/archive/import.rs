@@ -7,25 +7,34 @@
 //! with `*at` calls that do not follow it, and an entry whose path passes
 //! through an earlier symlink is refused by name), and never writes outside
 //! the staging directory.
+//!
+//! What the archive made so far is asked of the staging directory itself,
+//! which only this import writes: a parent that is a symlink is found by
+//! the `O_NOFOLLOW` walk, a hard link's target by an `lstat`. So files,
+//! links and symlinks cost no memory; only directory times are kept, within
+//! the memory budget ([`super::budget`]).
 
-use std::collections::HashSet;
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{fchmod, futimens, mkdirat, utimensat, Mode, UtimensatFlags};
+use nix::sys::stat::{fchmod, fstatat, futimens, mkdirat, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::unistd::{fchownat, linkat, symlinkat, Gid, Uid};
 use tar::EntryType as TarType;
 
-use super::compression::{decode, read_refusal};
+use super::budget::{Budget, DirTimes, Metered};
+use super::compression::{decode, limit_refusal, read_refusal};
 use super::headers::{archive_path, check_global, parse_pax, Mtime, Pax};
 use super::{
     refused, ImportLimits, ImportSummary, Refusal, MAX_EXTENSION_BYTES, MAX_TRAILING_BYTES,
 };
 use crate::workspace::files::{sane_dir_mode, sane_file_mode};
-use crate::workspace::path::WorkspacePath;
+use crate::workspace::path::{kind_of, WorkspacePath};
 use crate::workspace::tree::{chown_fd, DIR_FLAGS};
 use crate::workspace::{Owner, WorkspaceError};
 
@@ -69,9 +78,14 @@ pub(crate) fn extract(
     limits: &ImportLimits,
 ) -> Result<ImportSummary, WorkspaceError> {
     const START: &str = "<start of archive>";
+    let started = Instant::now();
     let decoded = decode(input).map_err(|r| refused(START, r))?;
+    // Every decompressed byte, and the time since the start, counted
+    // between the decompressor and the tar reader.
+    let metered = Metered::new(decoded, limits, started);
+    let read = metered.counter();
     let mut watch = EofWatch {
-        inner: decoded,
+        inner: metered,
         eof: false,
     };
     let mut x = Extractor {
@@ -83,9 +97,9 @@ pub(crate) fn extract(
         },
         limits,
         summary: ImportSummary::default(),
-        dir_times: Vec::new(),
-        symlinks: HashSet::new(),
-        linkable: HashSet::new(),
+        dir_times: DirTimes::default(),
+        budget: Budget::new(limits.memory_budget),
+        read,
         members: 0,
         last_entry: String::from(START),
         buf: vec![0u8; 128 * 1024],
@@ -121,11 +135,12 @@ struct Extractor<'a, 'l> {
     staged: Staged<'a>,
     limits: &'l ImportLimits,
     summary: ImportSummary,
-    dir_times: Vec<(WorkspacePath, Mtime)>,
-    /// Symlinks made so far: no later path may pass through one.
-    symlinks: HashSet<WorkspacePath>,
-    /// Files and symlinks made so far: what a hard link may name.
-    linkable: HashSet<WorkspacePath>,
+    /// Directory times, set last.
+    dir_times: DirTimes,
+    /// The memory budget of `dir_times`.
+    budget: Budget,
+    /// Decompressed bytes read so far.
+    read: Rc<Cell<u64>>,
     members: u64,
     last_entry: String,
     buf: Vec<u8>,
@@ -140,7 +155,9 @@ impl Extractor<'_, '_> {
     /// the stream is no tar at all.
     fn header_error(&self, e: &io::Error) -> WorkspaceError {
         tracing::debug!(error = %e, "an imported archive's header does not parse");
-        let reason = if e
+        let reason = if let Some(limit) = limit_refusal(e) {
+            limit
+        } else if e
             .get_ref()
             .is_some_and(|i| i.is::<super::compression::CorruptStream>())
         {
@@ -195,8 +212,13 @@ impl Extractor<'_, '_> {
         };
         let is_dir = kind == TarType::Directory;
         let path = archive_path(&raw_name, is_dir).map_err(|r| refused(name.clone(), r))?;
-        if let Some(p) = &path {
-            self.check_not_through_symlink(p, &name, false)?;
+        if self.summary.symlinks > 0 {
+            // Once a symlink exists, a path through one is refused before
+            // anything else is said of the entry: its parent is opened now
+            // (and kept open for the entry itself).
+            if let Some((parent, _)) = path.as_ref().and_then(WorkspacePath::split_last) {
+                self.staged.dir(&parent, &name)?;
+            }
         }
         match kind {
             TarType::Directory => self.directory(path, meta, &name)?,
@@ -245,12 +267,9 @@ impl Extractor<'_, '_> {
                 ));
             }
         }
-        if size
-            > self
-                .limits
-                .max_total_bytes
-                .saturating_sub(self.summary.bytes)
-        {
+        // Refused before a byte of it is read: every byte of the archive
+        // read so far, this header included, counts.
+        if size > self.limits.max_total_bytes.saturating_sub(self.read.get()) {
             return Err(refused(
                 name,
                 Refusal::TooLarge(self.limits.max_total_bytes),
@@ -326,33 +345,6 @@ impl Extractor<'_, '_> {
         Ok(data)
     }
 
-    /// Refuses `path` (or, for a hard link's target, `path` itself too)
-    /// when it passes through a symlink an earlier entry made.
-    fn check_not_through_symlink(
-        &self,
-        path: &WorkspacePath,
-        name: &str,
-        inclusive: bool,
-    ) -> Result<(), WorkspaceError> {
-        if self.symlinks.is_empty() {
-            return Ok(());
-        }
-        let parts: Vec<_> = path.components().collect();
-        let upto = if inclusive {
-            parts.len()
-        } else {
-            parts.len() - 1
-        };
-        let mut so_far = WorkspacePath::root();
-        for part in &parts[..upto] {
-            so_far = so_far.join_unchecked(part);
-            if self.symlinks.contains(&so_far) {
-                return Err(refused(name, Refusal::ThroughSymlink(so_far.to_string())));
-            }
-        }
-        Ok(())
-    }
-
     fn directory(
         &mut self,
         path: Option<WorkspacePath>,
@@ -369,12 +361,9 @@ impl Extractor<'_, '_> {
             return Ok(());
         };
         import_dir(&mut self.staged, &path, meta.mode, name)?;
-        // A directory listed again: its last time wins.
-        match self.dir_times.last_mut() {
-            Some((last, t)) if *last == path => *t = meta.mtime,
-            _ => self.dir_times.push((path, meta.mtime)),
-        }
-        Ok(())
+        self.dir_times
+            .push(path.as_bytes(), meta.mtime, &mut self.budget)
+            .map_err(|e| refused(name, Refusal::OverBudget(e.0)))
     }
 
     fn file(
@@ -390,7 +379,6 @@ impl Extractor<'_, '_> {
         import_file(&mut self.staged, &path, data, meta, name, &mut self.buf)?;
         self.summary.files += 1;
         self.summary.bytes += meta.size;
-        self.linkable.insert(path);
         Ok(())
     }
 
@@ -429,8 +417,6 @@ impl Extractor<'_, '_> {
         utimensat(at, last, &t, &t, UtimensatFlags::NoFollowSymlink)
             .map_err(|e| WorkspaceError::io("set times of", &path, e.into()))?;
         self.summary.symlinks += 1;
-        self.symlinks.insert(path.clone());
-        self.linkable.insert(path);
         Ok(())
     }
 
@@ -455,15 +441,20 @@ impl Extractor<'_, '_> {
             Err(Refusal::Path(e)) => return Err(refused(name, Refusal::LinkTargetPath(e))),
             Err(r) => return Err(refused(name, r)),
         };
-        if !self.linkable.contains(&to) {
-            return Err(refused(name, Refusal::LinkTargetUnknown(to.to_string())));
-        }
+        let unknown = || refused(name, Refusal::LinkTargetUnknown(to.to_string()));
         let (Some((from_parent, from_last)), Some((parent, last))) =
             (to.split_last(), path.split_last())
         else {
             return Err(refused(name, Refusal::Duplicate));
         };
-        let from_dir = self.staged.open_existing(&from_parent, name)?;
+        // Only this import writes the staging directory: a file or symlink
+        // there was made by an earlier entry, and nothing else may be named.
+        let from_dir = self.staged.open_existing(&from_parent, &to, name)?;
+        match fstatat(&from_dir, from_last, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if matches!(kind_of(st.st_mode), SFlag::S_IFREG | SFlag::S_IFLNK) => {}
+            Ok(_) | Err(Errno::ENOENT | Errno::ENOTDIR) => return Err(unknown()),
+            Err(e) => return Err(WorkspaceError::io("stat", &to, e.into())),
+        }
         let at = self.staged.dir(&parent, name)?;
         // No AT_SYMLINK_FOLLOW: a link to a symlink names the symlink.
         linkat(&from_dir, from_last, at, last, AtFlags::empty()).map_err(|e| match e {
@@ -471,7 +462,6 @@ impl Extractor<'_, '_> {
             e => WorkspaceError::io("link", &path, e.into()),
         })?;
         self.summary.hard_links += 1;
-        self.linkable.insert(path);
         Ok(())
     }
 
@@ -496,14 +486,19 @@ impl Extractor<'_, '_> {
         Ok(())
     }
 
-    /// Sets directory times, last: making their entries changed them.
+    /// Sets directory times, last: making their entries changed them. In
+    /// the order listed, so a directory listed twice keeps its last time.
     fn finish(mut self) -> Result<ImportSummary, WorkspaceError> {
-        for (path, mtime) in std::mem::take(&mut self.dir_times).iter().rev() {
-            if let Ok(fd) = self.staged.dir(path, "") {
+        let times = std::mem::take(&mut self.dir_times);
+        times.for_each(|path, mtime| {
+            let Ok(path) = WorkspacePath::parse(path) else {
+                return;
+            };
+            if let Ok(fd) = self.staged.dir(&path, "") {
                 let t = mtime.spec();
                 let _ = futimens(fd, &t, &t);
             }
-        }
+        });
         self.summary.dirs = self.staged.dirs;
         Ok(self.summary)
     }
@@ -520,14 +515,20 @@ struct Staged<'a> {
 }
 
 impl Staged<'_> {
-    /// Opens the existing directory `rel` without making anything.
-    fn open_existing(&self, rel: &WorkspacePath, entry: &str) -> Result<OwnedFd, WorkspaceError> {
+    /// Opens the existing directory `rel`, the parent of the hard link
+    /// target `target`, without making anything.
+    fn open_existing(
+        &self,
+        rel: &WorkspacePath,
+        target: &WorkspacePath,
+        entry: &str,
+    ) -> Result<OwnedFd, WorkspaceError> {
         let mut cur = openat(self.root, ".", DIR_FLAGS, Mode::empty())
             .map_err(|e| WorkspaceError::io("open", "staging", e.into()))?;
         for name in rel.components() {
             cur = openat(&cur, name, DIR_FLAGS, Mode::empty()).map_err(|e| match e {
                 Errno::ENOTDIR | Errno::ELOOP | Errno::ENOENT => {
-                    refused(entry, Refusal::LinkTargetUnknown(rel.to_string()))
+                    refused(entry, Refusal::LinkTargetUnknown(target.to_string()))
                 }
                 e => WorkspaceError::io("open", rel, e.into()),
             })?;
@@ -552,7 +553,15 @@ impl Staged<'_> {
                 let fd = match openat(at, name, DIR_FLAGS, Mode::empty()) {
                     Ok(fd) => fd,
                     Err(Errno::ENOTDIR | Errno::ELOOP) => {
-                        return Err(refused(entry, Refusal::ParentNotDir))
+                        // A symlink an earlier entry made, or a file.
+                        let through = fstatat(at, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                            .is_ok_and(|st| kind_of(st.st_mode) == SFlag::S_IFLNK);
+                        let reason = if through {
+                            Refusal::ThroughSymlink(so_far.to_string())
+                        } else {
+                            Refusal::ParentNotDir
+                        };
+                        return Err(refused(entry, reason));
                     }
                     Err(e) => return Err(WorkspaceError::io("open", &so_far, e.into())),
                 };

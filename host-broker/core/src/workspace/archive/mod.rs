@@ -36,6 +36,15 @@
 //! sticky and world-write bits dropped; ownership, xattrs and ACLs in the
 //! archive are ignored. Directory times are set after their contents.
 //!
+//! **Budget** ([`budget`]): what grows with the number of entries (an
+//! import's directory times, an export's first names of multiply-linked
+//! files and its directory listings) is charged against one memory budget
+//! ([`ImportLimits::memory_budget`]); past it the archive is refused
+//! (`413`). An import counts every decompressed byte, headers and extension
+//! records included, against [`ImportLimits::max_total_bytes`], and the
+//! whole import, not each frame of its upload, is bounded in time
+//! ([`ImportLimits::max_duration`]).
+//!
 //! **Swap and crash safety** ([`recovery`]): the staged tree is flushed and
 //! exchanged with the workspace in one `renameat2(RENAME_EXCHANGE)`, and
 //! every crash point is made whole by [`recover`].
@@ -45,6 +54,7 @@
 //! outside the staging directory, and never follow a link, exporting or
 //! importing.
 
+mod budget;
 mod compression;
 pub mod export;
 mod headers;
@@ -54,6 +64,8 @@ pub mod recovery;
 pub use dormouse_protocol::workspace::{Compression, Imported as ImportSummary};
 pub use export::{export_archive, export_check, export_tar};
 pub use recovery::{create_from_tar, recover, replace_from_tar, Recovery};
+
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -128,22 +140,41 @@ pub struct ExportSummary {
     pub changed_while_reading: u64,
 }
 
-/// Limits of an import.
+/// Limits of an import (and of an export, which must make nothing the
+/// import refuses).
 #[derive(Debug, Clone)]
 pub struct ImportLimits {
-    /// Most bytes of file content, decompressed (default 10 GiB).
+    /// Most bytes of the archive, decompressed: file content, headers,
+    /// extension records, padding and what follows the end-of-archive
+    /// marker, every byte counted (default 10 GiB).
     pub max_total_bytes: u64,
     /// Most entries, of every type together (default 1,000,000).
     pub max_entries: u64,
+    /// Most bytes of memory the per-entry bookkeeping of one import or
+    /// export may take: an import's directory times, an export's first
+    /// names of multiply-linked files and its directory listings (default
+    /// 64 MiB).
+    pub memory_budget: u64,
+    /// Longest an import may take, from its first byte read to its last,
+    /// however the upload trickles (default 1 hour).
+    pub max_duration: Duration,
     /// Who owns everything imported (default 1000:1000).
     pub owner: Owner,
 }
+
+/// Default of [`ImportLimits::memory_budget`].
+pub const DEFAULT_MEMORY_BUDGET: u64 = 64 << 20;
+
+/// Default of [`ImportLimits::max_duration`].
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
 
 impl Default for ImportLimits {
     fn default() -> Self {
         Self {
             max_total_bytes: 10 << 30,
             max_entries: 1_000_000,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            max_duration: DEFAULT_MAX_DURATION,
             owner: Owner::DESK,
         }
     }
@@ -197,9 +228,16 @@ pub enum Refusal {
     /// More entries than [`ImportLimits::max_entries`].
     #[error("more than {0} entries")]
     TooManyEntries(u64),
-    /// More content than [`ImportLimits::max_total_bytes`].
-    #[error("more than {0} bytes of content")]
+    /// More decompressed bytes than [`ImportLimits::max_total_bytes`].
+    #[error("more than {0} bytes decompressed (content, headers and extension records)")]
     TooLarge(u64),
+    /// The bookkeeping of the archive's entries would take more than
+    /// [`ImportLimits::memory_budget`].
+    #[error("the bookkeeping of its entries needs more than {0} bytes of memory (the archive memory budget)")]
+    OverBudget(u64),
+    /// The import took longer than [`ImportLimits::max_duration`].
+    #[error("the import took longer than {} s (the time bound of a whole import)", .0.as_secs())]
+    TooSlow(Duration),
     /// More than [`MAX_TRAILING_BYTES`] after the end-of-archive marker.
     #[error("more than {0} bytes follow the end of the archive")]
     TrailingData(u64),
@@ -235,12 +273,14 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// `413` for the limits, `400` for the rest.
+    /// `413` for the limits, `408` for the time bound, `400` for the rest.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::TooManyEntries(_) | Self::TooLarge(_) | Self::TrailingData(_) => {
-                ErrorClass::TooLarge
-            }
+            Self::TooManyEntries(_)
+            | Self::TooLarge(_)
+            | Self::TrailingData(_)
+            | Self::OverBudget(_) => ErrorClass::TooLarge,
+            Self::TooSlow(_) => ErrorClass::TimedOut,
             _ => ErrorClass::BadRequest,
         }
     }
