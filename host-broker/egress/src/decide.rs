@@ -5,7 +5,9 @@
 //! rules on the name, the allow list's name rules), [`check_addresses`]
 //! after (the broker's own API sockets, deny CIDRs, the denied ranges and
 //! the host's own addresses unless a CIDR rule inside them allows them,
-//! the allow list's CIDRs). The dialler dials only addresses this module
+//! the allow list's CIDRs), each on every form of the address: as resolved,
+//! in its own family, and as each IPv4 address it embeds
+//! ([`crate::ranges::forms`]). The dialler dials only addresses this module
 //! passed; a live connection is judged again by [`recheck`] when the policy
 //! changes. Every refusal is one line naming the rule.
 
@@ -16,7 +18,7 @@ use dormouse_protocol::egress_policy::{
     Destination, EgressMode, EgressPolicy, EgressRule, RuleTarget,
 };
 
-use crate::ranges::{canonical, denied_range};
+use crate::ranges::{canonical, denied_forms, forms};
 
 /// A refusal: the line the guest sees, and the rule that decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +56,9 @@ impl HostView {
     fn is_protected(&self, a: IpAddr, port: u16) -> bool {
         self.protected.iter().any(|p| {
             p.port() == port
-                && (canonical(p.ip()) == a
-                    || (p.ip().is_unspecified() && (a.is_loopback() || self.own.contains(&a))))
+                && (canonical(p.ip()) == canonical(a)
+                    || (p.ip().is_unspecified()
+                        && (a.is_loopback() || self.own.contains(&canonical(a)))))
         })
     }
 }
@@ -167,7 +170,11 @@ fn cidr_allow<'p>(
     })
 }
 
-/// One address, judged.
+/// One address, judged in each of its forms ([`forms`]): the deny rules,
+/// the denied ranges, the host's own addresses and the allow rules each see
+/// the address as resolved, in its own family, and every IPv4 address it
+/// embeds. A denied range one form lies in is lifted only by an allow CIDR
+/// inside that range naming that form, and every such range must be.
 fn check_addr(
     policy: &EgressPolicy,
     name: &NamePass,
@@ -175,33 +182,56 @@ fn check_addr(
     port: u16,
     host: &HostView,
 ) -> Result<Option<String>, AddrRefusal> {
-    let a = canonical(resolved);
-    if host.is_protected(a, port) {
+    let forms = forms(resolved);
+    if forms.iter().any(|&a| host.is_protected(a, port)) {
         return Err(AddrRefusal::Protected);
     }
-    if let Some(rule) = policy.deny.iter().find(|r| r.matches_addr(a, port)) {
+    if let Some(rule) = policy
+        .deny
+        .iter()
+        .find(|r| forms.iter().any(|&a| r.matches_addr(a, port)))
+    {
         return Err(AddrRefusal::DenyRule(rule.clone()));
     }
-    if let Some(range) = denied_range(a) {
-        return match cidr_allow(policy, a, port, Some(&range.cidr)) {
-            Some(rule) => Ok(Some(rule.to_string())),
-            None => Err(AddrRefusal::Range(range.what)),
-        };
+    let denied = denied_forms(resolved);
+    if !denied.is_empty() {
+        let mut lifted = None;
+        for (a, range) in denied {
+            match cidr_allow(policy, a, port, Some(&range.cidr)) {
+                Some(rule) => {
+                    lifted.get_or_insert_with(|| rule.to_string());
+                }
+                None => return Err(AddrRefusal::Range(range.what)),
+            }
+        }
+        return Ok(lifted);
     }
-    if host.own.contains(&a) {
-        return policy
-            .allow
-            .iter()
-            .find(|r| {
+    let own: Vec<IpAddr> = forms
+        .iter()
+        .map(|&a| canonical(a))
+        .filter(|a| host.own.contains(a))
+        .collect();
+    if !own.is_empty() {
+        let single = |a: IpAddr| {
+            policy.allow.iter().find(|r| {
                 r.matches_addr(a, port) && matches!(&r.target, RuleTarget::Cidr(c) if c.is_single())
             })
-            .map(|r| Some(r.to_string()))
-            .ok_or(AddrRefusal::HostOwn);
+        };
+        let mut rule = None;
+        for a in own {
+            let named = single(a).ok_or(AddrRefusal::HostOwn)?;
+            rule.get_or_insert_with(|| named.to_string());
+        }
+        return Ok(rule);
     }
+    let allowed = forms
+        .iter()
+        .find_map(|&a| cidr_allow(policy, a, port, None))
+        .map(ToString::to_string);
     match policy.mode {
-        EgressMode::Open => Ok(cidr_allow(policy, a, port, None).map(ToString::to_string)),
-        EgressMode::Allowlist => match cidr_allow(policy, a, port, None) {
-            Some(rule) => Ok(Some(rule.to_string())),
+        EgressMode::Open => Ok(allowed),
+        EgressMode::Allowlist => match allowed {
+            Some(rule) => Ok(Some(rule)),
             None => match &name.rule {
                 Some(rule) => Ok(Some(rule.to_string())),
                 None => Err(AddrRefusal::NotAllowed),

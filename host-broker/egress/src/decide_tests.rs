@@ -246,3 +246,78 @@ fn recheck_follows_the_new_policy() {
     let other = policy("allowlist", &["127.0.0.1/32:9090"], &[]);
     assert!(recheck(&other, &dest, ip("127.0.0.1"), 8080, &v).is_err());
 }
+
+#[test]
+fn ipv6_rules_see_the_ipv6_form_and_embedded_addresses_are_checked_as_ipv4() {
+    let v = HostView::default();
+    // An IPv6 deny rule sees the address as resolved, never mapped away.
+    for (rule, addr) in [
+        ("64:ff9b::/96", "64:ff9b::808:808"),
+        ("2002::/16", "2002:808:808::1"),
+        ("::ffff:0:0/96", "::ffff:8.8.8.8"),
+        ("2606:4700::/32", "2606:4700::1111"),
+    ] {
+        let p = policy("open", &[], &[rule]);
+        let e = decide(&p, addr, 443, &[addr], &v).expect_err(addr);
+        let canonical = rule.parse::<EgressRule>().expect("rule").to_string();
+        assert_eq!(e.rule, Some(canonical), "{addr}: {}", e.reason);
+        assert!(
+            decide(&policy("open", &[], &[]), addr, 443, &[addr], &v).is_ok(),
+            "{addr}"
+        );
+    }
+    // An IPv4 deny rule sees every IPv4 address an IPv6 one embeds.
+    let p = policy("open", &[], &["8.8.8.0/24"]);
+    for addr in [
+        "8.8.8.8",
+        "::ffff:8.8.8.8",
+        "64:ff9b::808:808",
+        "2002:808:808::1",
+    ] {
+        let e = decide(&p, "dns.test", 53, &[addr], &v).expect_err(addr);
+        assert_eq!(e.rule.as_deref(), Some("8.8.8.0/24"), "{addr}");
+    }
+    // Allow rules match either form.
+    let p = policy("allowlist", &["2606:4700::/32", "8.8.8.8/32"], &[]);
+    assert!(decide(&p, "cf.test", 443, &["2606:4700::1111"], &v).is_ok());
+    assert!(decide(&p, "dns.test", 443, &["64:ff9b::808:808"], &v).is_ok());
+    assert!(decide(&p, "dns.test", 443, &["2002:808:808::1"], &v).is_ok());
+    assert!(decide(&p, "other.test", 443, &["2606:4701::1"], &v).is_err());
+}
+
+#[test]
+fn teredo_local_nat64_and_translated_space_are_denied_and_what_they_embed_too() {
+    let v = HostView::default();
+    let open = policy("open", &[], &[]);
+    for (addr, what) in [
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
+        ("64:ff9b:1::808:808", "local-use NAT64"),
+        ("::ffff:0:808:808", "IPv4-translated"),
+    ] {
+        let e = decide(&open, addr, 443, &[addr], &v).expect_err(addr);
+        assert!(
+            e.reason.ends_with(&format!("is {what}")),
+            "{addr}: {}",
+            e.reason
+        );
+    }
+    // A rule inside Teredo lifts Teredo, not the loopback its client embeds.
+    let p = policy("open", &["2001::/32"], &[]);
+    assert!(decide(
+        &p,
+        "t.test",
+        443,
+        &["2001:0:4136:e378:8000:63bf:3fff:fdd2"],
+        &v
+    )
+    .is_ok());
+    let lo = "2001:0:4136:e378:8000:63bf:80ff:fffe";
+    let e = decide(&p, "t.test", 443, &[lo], &v).expect_err("teredo loopback");
+    assert!(e.reason.contains("is loopback"), "{}", e.reason);
+    // A mapped loopback is lifted by an IPv4 rule, not an IPv6 one.
+    let p = policy("allowlist", &["::ffff:127.0.0.1/128:8080"], &[]);
+    assert!(decide(&p, "l.test", 8080, &["::ffff:127.0.0.1"], &v).is_err());
+    let p = policy("allowlist", &["127.0.0.1/32:8080"], &[]);
+    assert!(decide(&p, "l.test", 8080, &["::ffff:127.0.0.1"], &v).is_ok());
+    assert!(decide(&p, "l.test", 8080, &["64:ff9b::7f00:1"], &v).is_ok());
+}
