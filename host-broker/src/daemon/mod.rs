@@ -167,6 +167,10 @@ pub struct DaemonArgs {
     /// (/etc/hosts syntax), for split-horizon names.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    /// How long an egress connection may move no byte either way before it
+    /// is closed (e.g. 5min, 30s; at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "5min", value_parser = parse_idle_timeout)]
+    pub egress_idle_timeout: Duration,
     /// What activity keeps of an exec's argv: redacted, full or none (the program only).
     #[arg(long, value_name = "MODE", default_value = "redacted")]
     pub activity_argv: dormouse_protocol::activity::argv::ArgvRecord,
@@ -345,7 +349,10 @@ pub async fn run(args: DaemonArgs, activation: Activation) -> Result<(), DaemonE
     state.engine = engine;
     let egress = Arc::new(dormouse_egress::Egress::new(
         dormouse_egress::resolve::Resolver::new(hosts),
-        dormouse_egress::Caps::default(),
+        dormouse_egress::Caps {
+            idle_timeout: args.egress_idle_timeout,
+            ..dormouse_egress::Caps::default()
+        },
         Some(data_dir.join("egress")),
         protected,
         Arc::new(crate::egress::BrokerHooks::new(
