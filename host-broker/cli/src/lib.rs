@@ -308,6 +308,19 @@ impl CliError {
             _ => 1,
         }
     }
+
+    /// Whether it is only the reader of our output having gone (`EPIPE`
+    /// on stdout, as after `| head -n1`): the end of output, not a
+    /// failure. A broken pipe to the broker is not this.
+    pub fn is_closed_output(&self) -> bool {
+        let source = match self {
+            Self::Io { path, source } if path == Path::new(STDOUT) => source,
+            // The client's local writes go to our `out` (stdout, or a file).
+            Self::Http(dormouse_client::Error::Io { source, .. }) => source,
+            _ => return false,
+        };
+        source.kind() == std::io::ErrorKind::BrokenPipe
+    }
 }
 
 impl From<dormouse_client::Error> for CliError {
@@ -388,6 +401,8 @@ pub fn main() -> ExitCode {
     let mut out = std::io::stdout();
     match runtime.block_on(run(args, &mut out)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Whoever read our output has all they wanted: stop quietly.
+        Err(e) if e.is_closed_output() => ExitCode::SUCCESS,
         Err(CliError::Exited(code)) => {
             let _ = out.flush();
             ExitCode::from(code)
@@ -572,9 +587,12 @@ async fn resolve(client: &Client, given: &str) -> Result<Uuid, CliError> {
     }
 }
 
+/// How a failed write to stdout names its "file".
+const STDOUT: &str = "<stdout>";
+
 fn stdout(source: std::io::Error) -> CliError {
     CliError::Io {
-        path: Path::new("<stdout>").to_owned(),
+        path: Path::new(STDOUT).to_owned(),
         source,
     }
 }
