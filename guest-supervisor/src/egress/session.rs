@@ -64,6 +64,7 @@ async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf
     } = handoff;
     let id = open.id;
     let authority = open.authority();
+    let (host, port) = (open.host.clone(), open.port);
     let html = matches!(open.form, EgressForm::Http { .. });
     let connect = !html;
     let sent = Response::EgressOpen(open);
@@ -87,7 +88,9 @@ async fn carry(handoff: Handoff, rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf
     match verdict {
         EgressVerdict::Refused { reason } => {
             tracing::debug!(id, %authority, %reason, "egress refused");
-            answer(&mut client, 403, &reason, html).await;
+            let hint = reply::policy_hint(&reason, &reply::this_desktop(), &host, port);
+            let bytes = reply::answer_with_hint(403, &reason, hint.as_deref(), html);
+            write_answer(&mut client, &bytes).await;
         }
         EgressVerdict::Failed { reason } => {
             tracing::debug!(id, %authority, %reason, "egress failed");
@@ -173,9 +176,14 @@ async fn hand_over(client: &TcpStream, wr: &OwnedWriteHalf) -> std::io::Result<(
 
 /// Writes the proxy's own answer and closes the client's connection.
 pub async fn answer(client: &mut TcpStream, status: u16, reason: &str, html: bool) {
-    let bytes = reply::answer(status, reason, html);
+    write_answer(client, &reply::answer(status, reason, html)).await;
+}
+
+/// Writes the proxy's own answer `bytes` and closes, within
+/// [`ANSWER_TIMEOUT`].
+async fn write_answer(client: &mut TcpStream, bytes: &[u8]) {
     let _ = tokio::time::timeout(ANSWER_TIMEOUT, async {
-        client.write_all(&bytes).await?;
+        client.write_all(bytes).await?;
         client.shutdown().await
     })
     .await;

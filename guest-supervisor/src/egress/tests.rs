@@ -129,10 +129,33 @@ async fn refusals_and_failures_reach_the_client() {
         .unwrap();
     let got = client.await.unwrap();
     assert!(got.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{got}");
+    let (_, body) = got.split_once("\r\n\r\n").unwrap();
     assert!(
-        got.ends_with("denied: pypi.org:443 not in the allow list\n"),
+        body.starts_with("denied: pypi.org:443 not in the allow list\n"),
         "{got}"
     );
+    // And how to let it through, exactly as the host's CLI takes it.
+    assert!(body.contains(" allow pypi.org:443 "), "{got}");
+
+    // Egress off: the page a browser shows says how to open it.
+    let mut broker = park(&hub);
+    let client = tokio::spawn(exchange(addr, b"GET http://a.b/ HTTP/1.1\r\n\r\n"));
+    let _ = open_frame(&mut broker).await;
+    let reason = "denied: egress is off for this desktop".to_string();
+    write_verdict(&mut broker, &EgressVerdict::Refused { reason }, IO)
+        .await
+        .unwrap();
+    let got = client.await.unwrap();
+    let (_, page) = got.split_once("\r\n\r\n").unwrap();
+    assert!(
+        page.contains("<pre") && page.contains(" egress is off"),
+        "{got}"
+    );
+    assert!(
+        page.contains(" open (or allow only this destination: "),
+        "{got}"
+    );
+    assert!(page.contains(" allow a.b:80)"), "{got}");
 
     let mut broker = park(&hub);
     let client = tokio::spawn(exchange(addr, b"GET http://a.b/ HTTP/1.1\r\n\r\n"));
