@@ -118,7 +118,8 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
         // by `changed()`, so nothing is missed.
         let status = rx.borrow_and_update().clone();
         let epoch = cell.services_epoch();
-        if !probe_due(status.phase, &status.services) {
+        let services = cell.needed(&status.services);
+        if !probe_due(status.phase, &services) {
             if rx.changed().await.is_err() {
                 return;
             }
@@ -129,7 +130,7 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
             last_epoch = Some(epoch);
         }
         let started = Instant::now();
-        let report = probe_with(&config, &status.services, Some(cell.identity())).await;
+        let report = probe_with(&config, &services, Some(cell.identity())).await;
         let overall = report.overall;
         tracing::info!(
             epoch,
@@ -166,8 +167,8 @@ pub async fn run_probe_loop(config: Arc<Config>, cell: StatusCell) {
     }
 }
 
-/// Whether the status asks for a probe: services all running, not preparing
-/// or stopping.
+/// Whether the status asks for a probe: the services readiness waits for
+/// all running, not preparing or stopping.
 fn probe_due(phase: Phase, services: &[ServiceState]) -> bool {
     !matches!(phase, Phase::Preparing | Phase::Stopping)
         && !services.is_empty()
@@ -190,10 +191,13 @@ async fn wait_for_reprobe(
                 if changed.is_err() {
                     return false;
                 }
-                let due = {
+                // The borrow ends before the cell's lock is taken (the cell
+                // takes its lock, then the channel's).
+                let (phase, services) = {
                     let status = rx.borrow();
-                    probe_due(status.phase, &status.services)
+                    (status.phase, status.services.clone())
                 };
+                let due = probe_due(phase, &cell.needed(&services));
                 if cell.services_epoch() != epoch || !due {
                     return true;
                 }

@@ -9,9 +9,28 @@
 use chrono::{DateTime, Utc};
 use dormouse_protocol::{
     CheckStatus, ContainerStartIdentity, GuestStatus, HealthReport, Phase, ServiceRunState,
-    ServiceState,
+    ServiceState, StartPhases,
 };
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// A step of the container start whose end [`StatusCell::mark`] records
+/// (ready is recorded by the cell itself, when it first derives it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartStep {
+    /// Preparation done.
+    Prepared,
+    /// The X server answered.
+    X,
+    /// The window manager announced itself.
+    WindowManager,
+    /// The VNC server answered.
+    Vnc,
+    /// The egress proxy listens.
+    Proxy,
+    /// The taskbar's band is kept.
+    Taskbar,
+}
 
 /// The inputs the status is derived from.
 #[derive(Debug, Clone)]
@@ -28,6 +47,12 @@ struct Inputs {
     ready_since: Option<DateTime<Utc>>,
     /// The taskbar's reserved band, set by the service runner while it runs.
     taskbar_height: Option<u32>,
+    /// Names of the services readiness does not wait for (the taskbar):
+    /// their changes neither make the desktop unready nor stale a probe.
+    after_ready: Vec<String>,
+    /// When the supervisor started, and each start step's end since.
+    started: Instant,
+    phases: StartPhases,
 }
 
 /// Shared, cheaply clonable handle to the supervisor's status.
@@ -39,8 +64,15 @@ pub struct StatusCell {
 }
 
 impl StatusCell {
-    /// A cell in phase `preparing` for this container start.
+    /// A cell in phase `preparing` for this container start, its start
+    /// phases counted from now.
     pub fn new(identity: ContainerStartIdentity) -> Self {
+        Self::since(identity, Instant::now())
+    }
+
+    /// A cell in phase `preparing`, its start phases counted from `started`
+    /// (when the supervisor started).
+    pub fn since(identity: ContainerStartIdentity, started: Instant) -> Self {
         let inputs = Inputs {
             preparing: true,
             stopping: false,
@@ -50,6 +82,9 @@ impl StatusCell {
             service_problem: None,
             ready_since: None,
             taskbar_height: None,
+            after_ready: Vec::new(),
+            started,
+            phases: StartPhases::default(),
         };
         let status = derive(&identity, &inputs);
         let (tx, _) = watch::channel(status);
@@ -90,14 +125,77 @@ impl StatusCell {
         self.update(|i| i.stopping = true);
     }
 
-    /// Replaces the service table. Any change of a service's state or pid
-    /// starts a new epoch, so the next probe must pass again.
+    /// Names the services readiness does not wait for (set once, before
+    /// the services start).
+    pub fn set_after_ready(&self, names: &[&str]) {
+        self.update(|i| i.after_ready = names.iter().map(|n| (*n).to_owned()).collect());
+    }
+
+    /// The services readiness waits for, of `services`.
+    pub fn needed(&self, services: &[ServiceState]) -> Vec<ServiceState> {
+        let i = self.lock();
+        services
+            .iter()
+            .filter(|s| !i.after_ready.contains(&s.name))
+            .cloned()
+            .collect()
+    }
+
+    /// Records that `step` of this container start just ended (only its
+    /// first end counts).
+    pub fn mark(&self, step: StartStep) {
+        self.update(|i| {
+            let at = Some(crate::millis(i.started.elapsed()));
+            let p = &mut i.phases;
+            let slot = match step {
+                StartStep::Prepared => &mut p.prepared_ms,
+                StartStep::X => &mut p.x_ms,
+                StartStep::WindowManager => &mut p.window_manager_ms,
+                StartStep::Vnc => &mut p.vnc_ms,
+                StartStep::Proxy => &mut p.proxy_ms,
+                StartStep::Taskbar => &mut p.taskbar_ms,
+            };
+            if slot.is_none() {
+                *slot = at;
+            }
+        });
+    }
+
+    /// Waits, at most `bound`, until no service readiness does not wait
+    /// for is still on its way up (pending or starting), so that what a
+    /// caller sees next (a screenshot) shows it.
+    pub async fn settled(&self, bound: Duration) {
+        let mut rx = self.subscribe();
+        let on_its_way = |i: &Inputs| {
+            i.services.iter().any(|s| {
+                i.after_ready.contains(&s.name)
+                    && matches!(
+                        s.state,
+                        ServiceRunState::Pending | ServiceRunState::Starting
+                    )
+            })
+        };
+        let wait = async {
+            while on_its_way(&self.lock()) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+    }
+
+    /// Replaces the service table. Any change of a needed service's state
+    /// or pid starts a new epoch, so the next probe must pass again.
     pub fn set_services(&self, services: Vec<ServiceState>, problem: Option<String>) {
         self.update(|i| {
-            let changed = i.services.len() != services.len()
+            let needed = |s: &&ServiceState| !i.after_ready.contains(&s.name);
+            let changed = i.services.iter().filter(needed).count()
+                != services.iter().filter(needed).count()
                 || i.services
                     .iter()
-                    .zip(&services)
+                    .filter(needed)
+                    .zip(services.iter().filter(needed))
                     .any(|(a, b)| a.name != b.name || a.state != b.state || a.pid != b.pid);
             if changed {
                 i.services_epoch += 1;
@@ -132,7 +230,11 @@ impl StatusCell {
             (false, Some(_)) => inputs.ready_since = None,
             _ => {}
         }
+        if status.ready && inputs.phases.ready_ms.is_none() {
+            inputs.phases.ready_ms = Some(crate::millis(inputs.started.elapsed()));
+        }
         status.ready_since = inputs.ready_since;
+        *status.start_phases = inputs.phases;
         self.tx.send_if_modified(|current| {
             if *current == status {
                 false
@@ -148,6 +250,7 @@ fn derive(identity: &ContainerStartIdentity, i: &Inputs) -> GuestStatus {
     let all_running = !i.services.is_empty()
         && i.services
             .iter()
+            .filter(|s| !i.after_ready.contains(&s.name))
             .all(|s| s.state == ServiceRunState::Running);
     let any_failed = i
         .services
@@ -199,6 +302,7 @@ fn derive(identity: &ContainerStartIdentity, i: &Inputs) -> GuestStatus {
         health: i.health.as_ref().map(|(_, h)| h.clone()),
         problem,
         taskbar_height: i.taskbar_height,
+        start_phases: Box::new(i.phases),
     }
 }
 
@@ -275,6 +379,54 @@ mod tests {
         assert_eq!(cell.snapshot().problem.as_deref(), Some("vnc: crash loop"));
         cell.set_stopping();
         assert_eq!(cell.snapshot().phase, Phase::Stopping);
+    }
+
+    #[tokio::test]
+    async fn the_taskbar_is_not_waited_for_but_screenshots_wait_for_it() {
+        let cell = StatusCell::new(identity());
+        cell.set_after_ready(&["taskbar"]);
+        cell.set_prepared();
+        cell.mark(StartStep::Prepared);
+        let x = service("xvfb", ServiceRunState::Running, 10);
+        let starting = service("taskbar", ServiceRunState::Starting, 11);
+        cell.set_services(vec![x.clone(), starting.clone()], None);
+        let epoch = cell.services_epoch();
+        cell.set_health(epoch, report(CheckStatus::Ok));
+        let status = cell.snapshot();
+        assert!(status.ready, "ready with the taskbar still starting");
+        assert!(status.start_phases.prepared_ms.is_some());
+        assert!(status.start_phases.ready_ms.is_some());
+        assert!(status.start_phases.taskbar_ms.is_none());
+
+        // Its start neither stales the probe nor makes the desktop unready.
+        let waiter = {
+            let cell = cell.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                cell.settled(Duration::from_secs(10)).await;
+                t.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "a screenshot waits while it starts");
+        let running = service("taskbar", ServiceRunState::Running, 11);
+        cell.set_services(vec![x, running], None);
+        cell.mark(StartStep::Taskbar);
+        let waited = waiter.await.unwrap();
+        assert!(waited >= Duration::from_millis(50) && waited < Duration::from_secs(5));
+        assert_eq!(cell.services_epoch(), epoch);
+        let status = cell.snapshot();
+        assert!(status.ready);
+        assert!(status.start_phases.taskbar_ms >= status.start_phases.prepared_ms);
+
+        // Without one on its way, nothing waits; a first figure is kept.
+        let t = Instant::now();
+        cell.settled(Duration::from_secs(10)).await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let first = cell.snapshot().start_phases.taskbar_ms;
+        std::thread::sleep(Duration::from_millis(5));
+        cell.mark(StartStep::Taskbar);
+        assert_eq!(cell.snapshot().start_phases.taskbar_ms, first);
     }
 
     #[test]

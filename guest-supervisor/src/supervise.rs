@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::services::Services;
-use crate::status::{QuiesceRequest, StatusCell};
+use crate::status::{QuiesceRequest, StartStep, StatusCell};
 use crate::{identity, init, prepare, probe, reopen, socket, stop};
 
 /// Why the supervisor could not run at all.
@@ -70,7 +70,7 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
         identity = %identity.fingerprint(),
         "supervisor starting"
     );
-    let cell = StatusCell::new(identity.clone());
+    let cell = StatusCell::since(identity.clone(), started.into_std());
 
     // The socket comes up first, so the host sees "preparing" (and why a
     // preparation failed) rather than silence.
@@ -110,9 +110,13 @@ pub async fn run(config: Arc<Config>) -> Result<Stopped, RunError> {
         Err(e) => Some(format!("preparation ended abnormally: {e}")),
     };
     cell.set_prepared();
+    cell.mark(StartStep::Prepared);
 
     // Before the services, so no desktop program can take its port first.
-    let egress_task = tokio::spawn(crate::egress::serve(egress));
+    let egress_task = tokio::spawn({
+        let cell = cell.clone();
+        crate::egress::serve(egress, move || cell.mark(StartStep::Proxy))
+    });
     let mut services = Services::start(config.clone(), cell.clone(), prepare_problem, started);
     let probe_task = tokio::spawn(probe::run_probe_loop(config.clone(), cell.clone()));
     let vnc_task = tokio::spawn({

@@ -98,6 +98,11 @@ pub struct ComputerStatus {
     /// `null` while stopped, without a taskbar, or from older guests.
     #[serde(default)]
     pub taskbar_height: Option<u32>,
+    /// When each step of the running container's start finished, in
+    /// milliseconds after its supervisor started, as the guest reports it;
+    /// `null` while stopped (and from older guests).
+    #[serde(default)]
+    pub start_phases: Option<crate::StartPhases>,
 }
 
 /// The host-side limit on one computer's workspace (a project quota on the

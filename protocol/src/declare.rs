@@ -81,6 +81,9 @@ pub enum After {
 
 /// What the generated dispatcher ([`crate::guest::serve`]) made of one
 /// request.
+// Returned once per request and moved straight to the writer, never kept
+// in bulk: boxing the answer would add an allocation to every request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Served {
     /// A [`Mode::Answer`] request's answer (or its refusal) and payload,

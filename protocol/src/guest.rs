@@ -128,6 +128,41 @@ pub struct GuestStatus {
     /// supervisors).
     #[serde(default)]
     pub taskbar_height: Option<u32>,
+    /// When each step of this container start finished, in milliseconds
+    /// after the supervisor started; empty from older supervisors.
+    /// (Boxed: it is read rarely, and every answer on the socket carries
+    /// the size of the largest.)
+    #[serde(default)]
+    pub start_phases: Box<StartPhases>,
+}
+
+/// When each step of one container start finished, in milliseconds after
+/// the supervisor started (its monotonic clock), the first time it did;
+/// `None` until then. A restarted service keeps its first figure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartPhases {
+    /// Preparation (identity, home, profile links, stale locks) done.
+    #[serde(default)]
+    pub prepared_ms: Option<u64>,
+    /// The X server answered.
+    #[serde(default)]
+    pub x_ms: Option<u64>,
+    /// The window manager announced itself.
+    #[serde(default)]
+    pub window_manager_ms: Option<u64>,
+    /// The VNC server answered with its banner.
+    #[serde(default)]
+    pub vnc_ms: Option<u64>,
+    /// The egress proxy listened on guest loopback.
+    #[serde(default)]
+    pub proxy_ms: Option<u64>,
+    /// The self-probe passed, with its full-screen screenshot: ready.
+    #[serde(default)]
+    pub ready_ms: Option<u64>,
+    /// The taskbar's band was kept free by the window manager (it may
+    /// come after ready; screenshots wait for it).
+    #[serde(default)]
+    pub taskbar_ms: Option<u64>,
 }
 
 /// One uid-1000 process using CPU.

@@ -31,7 +31,7 @@ pub use declare::{After, Answer, Call, Mode, Refusal, Reply, Served};
 pub use frame::{FrameError, FrameHeader, MAX_HEADER_LEN, MAX_PAYLOAD_LEN};
 pub use guest::{
     call, serve, Activity, BusyProcess, ContainerStartIdentity, GuestService, GuestStatus, Hello,
-    Phase, Quiesced, Request, Response, ScreenshotInfo, ServiceRunState, ServiceState,
+    Phase, Quiesced, Request, Response, ScreenshotInfo, ServiceRunState, ServiceState, StartPhases,
 };
 pub use health::{Check, CheckStatus, HealthReport, HEALTH_SCHEMA_VERSION};
 

@@ -67,8 +67,9 @@ fn record(check: Check) {
 
 /// Binds the proxy's port on both loopbacks and serves until dropped. A
 /// taken IPv4 port is logged and reported (the desktop runs on without
-/// egress); a missing IPv6 loopback is skipped quietly.
-pub async fn serve(hub: Hub) {
+/// egress); a missing IPv6 loopback is skipped quietly. `on_listening`
+/// runs once the IPv4 port listens.
+pub async fn serve(hub: Hub, on_listening: impl FnOnce()) {
     let v4 = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, PROXY_PORT))).await;
     let v6 = TcpListener::bind(SocketAddr::from((Ipv6Addr::LOCALHOST, PROXY_PORT))).await;
     let mut listeners = Vec::new();
@@ -95,6 +96,7 @@ pub async fn serve(hub: Hub) {
     let detail = format!("serving on {}", served.join(" and "));
     tracing::info!(on = %served.join(", "), "egress proxy listening");
     record(Check::new(CHECK_NAME, CheckStatus::Ok, detail));
+    on_listening();
     serve_on(listeners, hub, MAX_CLIENTS).await;
 }
 

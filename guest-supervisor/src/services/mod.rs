@@ -165,6 +165,12 @@ impl Services {
         started: Instant,
     ) -> Self {
         let specs = desktop_services(&config);
+        let after_ready: Vec<&str> = specs
+            .iter()
+            .filter(|s| !s.kind.needed_for_ready())
+            .map(|s| s.name)
+            .collect();
+        cell.set_after_ready(&after_ready);
         let table = Table::new(&specs, cell, prepare_problem);
         let ctx = Arc::new(Context {
             policy: RestartPolicy::from_config(&config),
@@ -449,6 +455,11 @@ async fn run_once(
     pid_tx: &watch::Sender<Option<u32>>,
 ) -> Attempt {
     let config = &ctx.config;
+    if spec.kind == ServiceKind::Taskbar {
+        if let Err(e) = readiness::name_desktops(config).await {
+            tracing::warn!(service = spec.name, error = %e, "desktops not named before the taskbar");
+        }
+    }
     let mut cmd = desktop_command(config, &spec.program);
     cmd.args(&spec.args)
         .stdin(Stdio::null())
@@ -539,6 +550,9 @@ async fn run_once(
                 ready_ms = crate::millis(ctx.started.elapsed()),
                 "service ready"
             );
+            if let Some(step) = spec.kind.start_step() {
+                ctx.table.cell.mark(step);
+            }
             let exit = tokio::select! {
                 biased;
                 _ = stop.wait_for(Option::is_some) => None,

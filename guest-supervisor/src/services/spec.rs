@@ -23,15 +23,37 @@ impl ServiceKind {
     /// Whether this service waits for an earlier service of kind `earlier`
     /// to run before it starts. The window manager and the VNC server need
     /// only X (they are X clients of their own), so they start side by side
-    /// once X answers; the taskbar needs the window manager too (its band
-    /// is reserved by the manager's work area); a browser needs the whole
-    /// desktop.
+    /// once X answers; the taskbar needs the window manager too (a tint2
+    /// that maps its panel while openbox starts up is never managed, so its
+    /// band is never reserved: seen on every start); a browser needs the
+    /// rest of the desktop. Readiness does not wait for the taskbar.
     pub fn waits_for(self, earlier: ServiceKind) -> bool {
         match self {
             Self::Display => false,
             Self::WindowManager | Self::Vnc => earlier == Self::Display,
             Self::Taskbar => matches!(earlier, Self::Display | Self::WindowManager),
-            Self::Browser(_) => true,
+            // Not the taskbar: readiness does not wait for it, and a
+            // window opened before its band is moved up by the manager.
+            Self::Browser(_) => earlier != Self::Taskbar,
+        }
+    }
+
+    /// Whether the desktop is ready only while this service runs. The
+    /// taskbar is not: it may come up after ready (screenshots and actions
+    /// wait for it, [`crate::status::StatusCell::settled`]).
+    pub fn needed_for_ready(self) -> bool {
+        self != Self::Taskbar
+    }
+
+    /// The start step this service's first readiness ends.
+    pub fn start_step(self) -> Option<crate::status::StartStep> {
+        use crate::status::StartStep;
+        match self {
+            Self::Display => Some(StartStep::X),
+            Self::WindowManager => Some(StartStep::WindowManager),
+            Self::Vnc => Some(StartStep::Vnc),
+            Self::Taskbar => Some(StartStep::Taskbar),
+            Self::Browser(_) => None,
         }
     }
 }

@@ -3,20 +3,23 @@
 use super::*;
 
 #[test]
-fn the_window_manager_and_vnc_wait_for_x_alone_and_a_browser_for_all() {
+fn the_manager_and_vnc_wait_for_x_alone_and_a_browser_for_all_but_the_taskbar() {
     use ServiceKind::*;
     for side_by_side in [WindowManager, Vnc] {
         assert!(side_by_side.waits_for(Display));
         assert!(!side_by_side.waits_for(WindowManager));
         assert!(!side_by_side.waits_for(Vnc));
-    }
-    let browser = Browser(super::Browser::Chromium);
-    for earlier in [Display, WindowManager, Vnc, Taskbar] {
-        assert!(browser.waits_for(earlier));
+        assert!(!side_by_side.waits_for(Taskbar));
     }
     // The taskbar's band is the window manager's work area: it waits for both.
     assert!(Taskbar.waits_for(Display) && Taskbar.waits_for(WindowManager));
     assert!(!Taskbar.waits_for(Vnc));
+    let browser = Browser(super::Browser::Chromium);
+    for earlier in [Display, WindowManager, Vnc] {
+        assert!(browser.waits_for(earlier));
+    }
+    // Readiness does not wait for the taskbar, so neither does a browser.
+    assert!(!browser.waits_for(Taskbar));
     assert!(!Display.waits_for(Display));
 }
 

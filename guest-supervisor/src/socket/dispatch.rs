@@ -28,6 +28,10 @@ use crate::status::{QuiesceRequest, StatusCell};
 /// Extra time granted to the service runner's quiesce answer beyond the
 /// bound it was given, so an answer sent right at the bound is not lost.
 const QUIESCE_GRACE: Duration = Duration::from_millis(250);
+/// Longest a screenshot or an action batch waits for a service that comes
+/// up after ready (the taskbar) to finish coming up, so that the first
+/// screenshot after ready shows it (it takes a few hundred milliseconds).
+const SETTLE_BOUND: Duration = Duration::from_secs(1);
 
 /// The supervisor's service: what every connection shares.
 #[derive(Debug)]
@@ -101,6 +105,7 @@ impl GuestService for Service {
         s.encoding
             .check()
             .map_err(|e| Refusal::new("invalid_encoding", e.to_string()))?;
+        self.cell.settled(SETTLE_BOUND).await;
         match crate::screenshot::capture(&self.config, s.encoding).await {
             Ok(shot) => {
                 tracing::debug!(
@@ -165,6 +170,7 @@ impl GuestService for Service {
         &self,
         a: call::Actions,
     ) -> Result<Reply<dormouse_protocol::actions::GuestActionResults>, Refusal> {
+        self.cell.settled(SETTLE_BOUND).await;
         actions(a.batch, &self.config).await
     }
 

@@ -163,6 +163,7 @@ pub fn sample(id: Uuid, name: &str, running: bool) -> ComputerStatus {
         }),
         workspace_limit: None,
         taskbar_height: running.then_some(32),
+        start_phases: None,
     }
 }
 

@@ -116,6 +116,7 @@ fn guest_status(ready: bool) -> GuestStatus {
         health: None,
         problem: None,
         taskbar_height: None,
+        start_phases: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ pub(crate) fn status(ready: bool) -> GuestStatus {
         health: None,
         problem: None,
         taskbar_height: None,
+        start_phases: Default::default(),
     }
 }
 

@@ -300,6 +300,11 @@ impl Computer {
             } else {
                 None
             },
+            start_phases: if running {
+                self.guest.status.as_ref().map(|s| *s.start_phases)
+            } else {
+                None
+            },
         }
     }
 }

@@ -23,6 +23,7 @@ use dormouse_e2e::guest::Guest;
 use dormouse_e2e::latency::Samples;
 use dormouse_e2e::{unique_name, ContainerGuard, TempDir, TEST_LABEL};
 use dormouse_protocol::api::{ContainerState, CreateComputer};
+use dormouse_protocol::StartPhases;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -202,6 +203,9 @@ struct DesktopNumbers {
     engine_part: Samples,
     /// Of each resume: container running → ready.
     guest_part: Samples,
+    /// Of each resume: when each start phase ended, by the supervisor's own
+    /// clock (milliseconds after it started), by phase name.
+    phases: BTreeMap<&'static str, Samples>,
 }
 
 impl DesktopNumbers {
@@ -209,6 +213,24 @@ impl DesktopNumbers {
         if let Some(engine) = resumed.engine {
             self.engine_part.push(engine);
             self.guest_part.push(resumed.total.saturating_sub(engine));
+        }
+        if let Some(p) = resumed.phases {
+            for (name, at) in [
+                ("prepared", p.prepared_ms),
+                ("x", p.x_ms),
+                ("window_manager", p.window_manager_ms),
+                ("vnc", p.vnc_ms),
+                ("proxy", p.proxy_ms),
+                ("ready", p.ready_ms),
+                ("taskbar", p.taskbar_ms),
+            ] {
+                if let Some(ms) = at {
+                    self.phases
+                        .entry(name)
+                        .or_default()
+                        .push(Duration::from_millis(ms));
+                }
+            }
         }
     }
 }
@@ -281,6 +303,8 @@ struct Resume {
     engine: Option<Duration>,
     /// Both moments were pushed (not found by the fallback GET).
     pushed: bool,
+    /// The start phases the guest reported for this start.
+    phases: Option<StartPhases>,
 }
 
 /// `POST start` → `ready: true` pushed by the broker, with the moment the
@@ -301,10 +325,22 @@ async fn resume(api: &ApiClient, events: &mut EventStream, id: Uuid) -> Result<R
     let ready = api.wait_ready(events, id, READY_TIMEOUT).await?;
     starting.await.context("start task")??;
     let engine = (!running.status.ready).then(|| running.at.duration_since(asked));
+    let total = ready.at.duration_since(asked);
+    // The taskbar may come up after ready: its phase is read once it is in.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let phases = loop {
+        let phases = api.get(id).await?.start_phases;
+        let taskbar_in = phases.is_some_and(|p| p.taskbar_ms.is_some());
+        if taskbar_in || Instant::now() >= deadline {
+            break phases;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     Ok(Resume {
-        total: ready.at.duration_since(asked),
+        total,
         engine,
         pushed: ready.pushed && running.pushed,
+        phases,
     })
 }
 

@@ -88,7 +88,7 @@ fn print_times(
     d: &DesktopNumbers,
     s: &DesktopNumbers,
 ) {
-    let rows = [
+    let mut rows = vec![
         Row::new(
             "floor: docker start (CLI), trivial container",
             floor_cli.clone(),
@@ -119,6 +119,16 @@ fn print_times(
             d.guest_part.clone(),
             "supervisor: prepare, services, probe",
         ),
+    ];
+    // The supervisor's own clock: when each phase of a start ended.
+    for (name, samples) in &d.phases {
+        rows.push(Row::new(
+            &format!("    supervisor: {name} done"),
+            samples.clone(),
+            "ms after the supervisor started (its own clock)",
+        ));
+    }
+    rows.extend([
         Row::new(
             "shell: start after stop -> ready (50 ms poll)",
             s.resume_after_stop.clone(),
@@ -149,7 +159,7 @@ fn print_times(
             s.graceful_stop.clone(),
             format!("exit {}", codes(&s.exit_codes)),
         ),
-    ];
+    ]);
     println!();
     println!("dormouse bench: image {image}");
     println!(
