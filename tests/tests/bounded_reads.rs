@@ -84,6 +84,16 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     };
     refusal(&http, "/mcp")?;
 
+    // list_files of the same file: no byte of it is wanted, none is read.
+    let mut listing = call.clone();
+    listing["params"]["name"] = "list_files".into();
+    let (listed, list_mem) = measured(pid, mcp_http(broker, &listing)).await?;
+    ensure!(
+        listed.contains("\"isError\":true") && listed.contains("is a file"),
+        "list_files of a file: {}",
+        &listed[..listed.len().min(600)]
+    );
+
     let cli = cli_binary()?;
     let ((stdio, cli_hwm), stdio_mem) = measured(pid, mcp_stdio(broker, &cli, &call)).await?;
     refusal(&stdio, "dormouse mcp")?;
@@ -101,6 +111,7 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
     eprintln!("broker memory during one read of a 4 GiB sparse file (KiB):");
     for (via, m) in [
         ("MCP read_file over /mcp", &http_mem),
+        ("MCP list_files of it over /mcp", &list_mem),
         ("MCP read_file over dormouse mcp", &stdio_mem),
         ("files API, streamed whole", &files_mem),
     ] {
@@ -115,7 +126,11 @@ async fn scenario(broker: &BrokerProcess) -> Result<()> {
         );
     }
     eprintln!("  dormouse mcp (the CLI's own) peak VmHWM {cli_hwm} KiB");
-    for (via, m) in [("/mcp", &http_mem), ("dormouse mcp", &stdio_mem)] {
+    for (via, m) in [
+        ("/mcp", &http_mem),
+        ("list_files", &list_mem),
+        ("dormouse mcp", &stdio_mem),
+    ] {
         ensure!(
             m.growth() < RSS_BOUND_KIB,
             "{via}: the broker's peak RSS grew by {} KiB (bound {RSS_BOUND_KIB} KiB)",
@@ -218,10 +233,11 @@ async fn mcp_http(broker: &BrokerProcess, call: &serde_json::Value) -> Result<St
     let head = format!(
         "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: read_file\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {}\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         addr.port(),
         broker.token(),
+        call["params"]["name"].as_str().unwrap_or_default(),
         body.len()
     );
     conn.write_all(head.as_bytes()).await?;

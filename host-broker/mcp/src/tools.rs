@@ -295,11 +295,13 @@ impl Dormouse {
             async {
                 let (client, id) = self.target(&extensions, a.desktop.as_deref()).await?;
                 let path = a.path.unwrap_or_default();
-                match client.fetch(id, path.as_bytes()).await? {
-                    Fetched::Dir(listing) => Ok(json_text(&listing)),
-                    Fetched::File(_) => Err(ToolError::Invalid(format!(
-                        "{path:?} is a file: use read_file"
-                    ))),
+                // A file's bytes are not wanted: none of them is read.
+                match client.fetch_within(id, path.as_bytes(), 0).await {
+                    Ok(Fetched::Dir(listing)) => Ok(json_text(&listing)),
+                    Ok(Fetched::File(_)) | Err(dormouse_client::Error::TooLarge { .. }) => Err(
+                        ToolError::Invalid(format!("{path:?} is a file: use read_file")),
+                    ),
+                    Err(e) => Err(e.into()),
                 }
             }
             .await,
