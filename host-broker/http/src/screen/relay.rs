@@ -42,6 +42,15 @@ const FULL_REFRESH_AFTER: [Duration; 3] = [
     Duration::from_millis(3000),
 ];
 
+/// How long a connection's first request for updates waits, counted from
+/// the relay's start (just after the VNC connection was made): x11vnc reads
+/// the screen into its framebuffer only while a client is connected and past
+/// its handshake, on its main loop, which sleeps 200 ms at a time while no
+/// client is connected. A request that reaches it sooner is answered from a
+/// framebuffer never read since x11vnc started (black) or last read when the
+/// previous viewer left (an older screen). See docs/screens.md.
+pub const FIRST_UPDATE_AFTER: Duration = Duration::from_millis(250);
+
 /// The bounds of one relay.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayLimits {
@@ -60,6 +69,10 @@ pub struct RelayLimits {
     /// its socket a moment before the broker hears why), so the viewer is
     /// told the reason rather than only that the screen closed.
     pub gone_grace: Duration,
+    /// How long after the relay starts the viewer's first request for
+    /// updates may reach the VNC server (see [`upstream`]): it is held, with
+    /// everything after it, until then.
+    pub first_update_after: Duration,
 }
 
 impl Default for RelayLimits {
@@ -72,6 +85,7 @@ impl Default for RelayLimits {
             ping_every: Duration::from_secs(30),
             close_within: Duration::from_secs(1),
             gone_grace: Duration::from_millis(800),
+            first_update_after: FIRST_UPDATE_AFTER,
         }
     }
 }
@@ -165,8 +179,15 @@ pub async fn relay(
     // View: the desktop's side is framed, its clipboard cut out.
     let mut server =
         (session.mode == ScreenMode::View).then(|| RfbServerFilter::new(filter.negotiated()));
+    let first_update_at = Instant::now() + limits.first_update_after;
     let end = {
-        let up = pin!(upstream(ws_rx, vnc_wr, filter, &mut up_stats));
+        let up = pin!(upstream(
+            ws_rx,
+            vnc_wr,
+            filter,
+            first_update_at,
+            &mut up_stats
+        ));
         downstream(
             &mut ws_tx,
             vnc_rd,
@@ -298,9 +319,15 @@ async fn upstream(
     mut ws_rx: SplitStream<WebSocket>,
     mut vnc_wr: OwnedWriteHalf,
     mut filter: RfbFilter,
+    first_update_at: Instant,
     stats: &mut RelayStats,
 ) -> RelayEnd {
     let mut out = Vec::new();
+    // The first frame is the screen: the viewer's first request for updates
+    // (and whatever follows it) waits until `first_update_at`, by when
+    // x11vnc has read the screen for this connection. Until then nothing
+    // from this viewer reaches the server, so the order of its messages is
+    // kept; revocation and the rest are the downstream's and stay immediate.
     // x11vnc can answer the first whole-screen request of a connection with
     // a black buffer (but for the pointer it draws) and then only send what
     // changes, so a viewer of a still desktop would stay black. The gateway
@@ -339,11 +366,22 @@ async fn upstream(
             break RelayEnd::Protocol(violation);
         }
         stats.dropped_input = filter.dropped();
-        if !out.is_empty() {
-            if vnc_wr.write_all(&out).await.is_err() {
+        let mut rest = &out[..];
+        if let Some(at) = filter.take_first_ask_offset() {
+            if Instant::now() < first_update_at {
+                if vnc_wr.write_all(&rest[..at]).await.is_err() {
+                    break RelayEnd::DesktopGone;
+                }
+                stats.to_desktop += at as u64;
+                rest = &rest[at..];
+                tokio::time::sleep_until(first_update_at).await;
+            }
+        }
+        if !rest.is_empty() {
+            if vnc_wr.write_all(rest).await.is_err() {
                 break RelayEnd::DesktopGone;
             }
-            stats.to_desktop += out.len() as u64;
+            stats.to_desktop += rest.len() as u64;
         }
         if let Some(request) = filter.take_first_full_request() {
             refresh = Some((request, 0));

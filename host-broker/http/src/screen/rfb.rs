@@ -134,6 +134,9 @@ pub struct RfbFilter {
     first_full_request: FirstFullRequest,
     /// Whether an update request (or continuous updates) was forwarded.
     updates_asked: bool,
+    /// Where, in the output of the current [`Self::feed`], the first
+    /// message asking for updates begins (until taken).
+    first_ask_at: Option<usize>,
     negotiated: Arc<Negotiated>,
 }
 
@@ -165,6 +168,7 @@ impl RfbFilter {
             dropped: 0,
             first_full_request: FirstFullRequest::NotSeen,
             updates_asked: false,
+            first_ask_at: None,
             negotiated: Arc::new(Negotiated::default()),
         }
     }
@@ -184,6 +188,14 @@ impl RfbFilter {
             }
             FirstFullRequest::NotSeen | FirstFullRequest::HandedOut => None,
         }
+    }
+
+    /// Where the viewer's first message asking for updates (a
+    /// FramebufferUpdateRequest of either kind, or EnableContinuousUpdates)
+    /// begins in the output of the [`Self::feed`] call that forwarded it:
+    /// the offset into that call's `out`, handed out once, right after it.
+    pub fn take_first_ask_offset(&mut self) -> Option<usize> {
+        self.first_ask_at.take()
     }
 
     /// Whether the next byte forwarded starts a message, so that a message
@@ -290,6 +302,9 @@ impl RfbFilter {
             return;
         }
         if forward && matches!(self.pending.first(), Some(3 | 150)) {
+            if !self.updates_asked {
+                self.first_ask_at = Some(out.len());
+            }
             self.updates_asked = true;
         }
         if forward {
