@@ -191,3 +191,123 @@ async fn the_record_outlives_a_restart_and_goes_with_the_desktop() {
     assert!(paths.workspace(id).exists(), "the kept workspace stays");
     assert!(rig.handle.activity(id, 10).is_err());
 }
+
+/// Every file under `dir`, with its bytes.
+fn files_under(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                todo.push(path);
+            } else if kind.is_file() {
+                out.push((path.clone(), std::fs::read(&path).unwrap_or_default()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_command_line_s_secrets_reach_neither_the_record_the_stream_nor_the_panel() {
+    let rig = Rig::new(Duration::from_secs(3600)).await;
+    let (api, _) = serve(&rig).await;
+    let mut events = api.events().await.unwrap();
+    let id = rig.create().await.id;
+    let s = "Sekr1t-0123456789";
+    // Every form, as an exec's argv and as the MCP `shell` tool's `sh -c`.
+    let argvs: Vec<Vec<String>> = [
+        vec![
+            "curl",
+            "-H",
+            &format!("Authorization: Bearer {s}"),
+            "https://h/",
+        ],
+        vec!["curl", "--header", &format!("Cookie: sid={s}")],
+        vec!["curl", &format!("-HAuthorization: {s}")],
+        vec!["curl", &format!("--header=Authorization: {s}")],
+        vec!["tool", "--password", s],
+        vec!["tool", &format!("--password={s}")],
+        vec!["tool", "--api-key", s],
+        vec!["tool", &format!("--token={s}")],
+        vec!["env", &format!("GITHUB_TOKEN={s}"), "make"],
+        vec!["env", &format!("DB_PASSWORD={s}"), "make"],
+        vec![
+            "git",
+            "clone",
+            &format!("https://bot:{s}@example.com/r.git"),
+        ],
+    ]
+    .into_iter()
+    .map(|a| a.into_iter().map(String::from).collect())
+    .collect();
+    let scripts = [
+        format!("curl -fsS -H 'Authorization: Bearer {s}' https://h/"),
+        format!("curl \"-HCookie: a={s}\" https://h/"),
+        format!("deploy --secret {s} && echo ok"),
+        format!("AWS_SECRET_ACCESS_KEY={s} aws s3 ls"),
+        format!("git push https://bot:{s}@example.com/r.git"),
+    ];
+    let mut requests: Vec<dormouse_protocol::exec::ExecRequest> = Vec::new();
+    for argv in argvs {
+        requests.push(serde_json::from_value(serde_json::json!({ "argv": argv })).unwrap());
+    }
+    for command in &scripts {
+        requests.push(serde_json::from_value(serde_json::json!({ "command": command })).unwrap());
+    }
+    for request in &requests {
+        // The scripted guest refuses commands: recorded on that outcome.
+        assert!(api.exec(id, request, false).await.is_err());
+    }
+
+    // What the panel's activity tab reads (GET …/activity).
+    let page = api.activity(id, 500).await.unwrap();
+    let execs: Vec<_> = page
+        .entries
+        .iter()
+        .filter(|e| e.kind == ActivityKind::Exec)
+        .collect();
+    assert_eq!(execs.len(), requests.len(), "{:#?}", page.entries);
+    let whole = serde_json::to_string(&page).unwrap();
+    assert!(!whole.contains(s), "{whole}");
+    assert!(
+        execs.iter().all(|e| e.summary.contains("[redacted]")),
+        "{whole}"
+    );
+    let script = execs.iter().find(|e| e.detail["program"] == "sh").unwrap();
+    assert_eq!(script.detail["argv"][1], "-c");
+
+    // What /v1/events pushed.
+    let mut pushed = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while pushed < requests.len() {
+        let event = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("activity is pushed")
+            .unwrap()
+            .unwrap();
+        let text = serde_json::to_string(&event).unwrap();
+        assert!(!text.contains(s), "{text}");
+        if matches!(&event, BrokerEvent::Activity { entry, .. } if entry.kind == ActivityKind::Exec)
+        {
+            pushed += 1;
+        }
+    }
+
+    // What is on disk, anywhere under the data directory.
+    rig.handle.activity_log().flush().await;
+    let files = files_under(rig.dir.path());
+    assert!(
+        files.iter().any(|(p, _)| p.ends_with("activity.jsonl")),
+        "{files:?}"
+    );
+    for (path, bytes) in files {
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(s),
+            "{} holds the secret",
+            path.display()
+        );
+    }
+}
