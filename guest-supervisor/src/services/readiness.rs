@@ -22,12 +22,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{
-    AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask, PropMode,
-};
+use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 use x11rb::protocol::Event;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
-use x11rb::wrapper::ConnectionExt as _;
 
 use super::output::LineReader;
 use crate::config::Config;
@@ -151,48 +148,46 @@ fn wait_for_wm(conn: &RustConnection) -> Result<(), String> {
             }
         }
     }
+    wait_for_desktops(conn, root)?;
     paint_root_background(conn, root);
     Ok(())
 }
 
-/// Desktops the image's window manager is configured for (openbox's
-/// `rc.xml`: `<number>4</number>`); it keeps a count it finds on the root.
-const DESKTOPS: u32 = 4;
+/// How long a manager that announced itself may take to name its desktops
+/// and work area before it counts as ready anyway (a manager that never
+/// sets them still runs).
+const DESKTOPS_GRACE: Duration = Duration::from_millis(500);
 
-/// Names the desktops on the root (`_NET_NUMBER_OF_DESKTOPS`,
-/// `_NET_CURRENT_DESKTOP`) where nobody has yet, as the window manager
-/// will: a taskbar started before the manager (tint2) otherwise finds no
-/// desktops and sleeps a whole second before it looks again. Writing the
-/// manager's own values makes the order of the two irrelevant.
-pub async fn name_desktops(config: &Config) -> Result<(), NotReady> {
-    let bound = Duration::from_millis(config.service_ready_timeout_ms);
-    crate::x_client::with_display(config, bound, |conn, screen| {
-        let root = x_client::root_window(conn, screen)?;
-        for (name, value) in [
-            (&b"_NET_NUMBER_OF_DESKTOPS"[..], DESKTOPS),
-            (&b"_NET_CURRENT_DESKTOP"[..], 0),
-        ] {
-            let atom = x_client::atom(conn, name)?;
-            let present = conn
-                .get_property(false, root, atom, AtomEnum::CARDINAL, 0, 1)?
-                .reply()?
-                .type_
-                != u32::from(AtomEnum::NONE);
-            if !present {
-                conn.change_property32(
-                    PropMode::REPLACE,
-                    root,
-                    atom,
-                    AtomEnum::CARDINAL,
-                    &[value],
-                )?
-                .check()?;
-            }
+/// Waits, within [`DESKTOPS_GRACE`], until the root has the manager's
+/// `_NET_NUMBER_OF_DESKTOPS` and `_NET_WORKAREA`: openbox writes them just
+/// after its check window, and a panel started in between (tint2) finds no
+/// desktops and sleeps a whole second before it looks again. The root's
+/// property changes are selected already.
+fn wait_for_desktops(conn: &RustConnection, root: u32) -> Result<(), String> {
+    let names: [&[u8]; 2] = [b"_NET_NUMBER_OF_DESKTOPS", b"_NET_WORKAREA"];
+    let mut atoms = Vec::with_capacity(names.len());
+    for name in names {
+        atoms.push(x_client::atom(conn, name).map_err(|e| e.to_string())?);
+    }
+    let deadline = std::time::Instant::now() + DESKTOPS_GRACE;
+    loop {
+        let mut all = true;
+        for &atom in &atoms {
+            let reply = conn
+                .get_property(false, root, atom, AtomEnum::ANY, 0, 1)
+                .map_err(|e| e.to_string())?
+                .reply()
+                .map_err(|e| e.to_string())?;
+            all &= reply.type_ != u32::from(AtomEnum::NONE);
         }
-        Ok(())
-    })
-    .await
-    .map_err(|e| NotReady::X(e.to_string()))
+        if all || std::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        // Drain what came (a property change is the cue to look again),
+        // then give the manager a moment.
+        while conn.poll_for_event().map_err(|e| e.to_string())?.is_some() {}
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Waits until the window manager keeps a band free at the bottom of the

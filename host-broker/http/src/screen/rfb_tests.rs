@@ -143,6 +143,32 @@ fn the_first_whole_screen_request_is_handed_out_once_at_a_boundary() {
 }
 
 #[test]
+fn the_first_request_for_updates_is_located_in_the_output_once() {
+    for mode in [ScreenMode::View, ScreenMode::Control] {
+        let mut filter = RfbFilter::new(mode);
+        let mut out = Vec::new();
+        filter.feed(&handshake(), &mut out).unwrap();
+        assert_eq!(filter.take_first_ask_offset(), None, "no request yet");
+        // Whatever precedes the request in one read goes first; the
+        // request of either kind starts where the offset says.
+        out.clear();
+        let mut input = vec![
+            0, 0, 0, 0, 32, 24, 0, 1, 0, 255, 0, 255, 0, 255, 16, 8, 0, 0, 0, 0,
+        ];
+        let incremental = update_request(true);
+        input.extend_from_slice(&incremental);
+        input.extend_from_slice(&update_request(false));
+        filter.feed(&input, &mut out).unwrap();
+        let at = filter.take_first_ask_offset().expect("the request");
+        assert_eq!(&out[at..at + 10], &incremental[..], "{mode:?}");
+        assert_eq!(filter.take_first_ask_offset(), None, "handed out once");
+        out.clear();
+        filter.feed(&update_request(false), &mut out).unwrap();
+        assert_eq!(filter.take_first_ask_offset(), None, "only the first");
+    }
+}
+
+#[test]
 fn view_drops_input_and_control_forwards_it_over_any_chunking() {
     let (all, view, control) = session();
     let mut rng = rand::rngs::StdRng::seed_from_u64(15);
