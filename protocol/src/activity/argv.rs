@@ -598,12 +598,29 @@ fn redact_header_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut at = 0;
     let mut search = 0;
-    while let Some(found) = ["authorization", "cookie"]
-        .iter()
-        .filter_map(|name| lower[search..].find(name).map(|i| (search + i, name.len())))
-        .min()
-    {
-        let (start, len) = found;
+    // Where each name is next (`Some(None)`: nowhere after), found again
+    // only once passed, so a long text is read a bounded number of times.
+    let names = ["authorization", "cookie"];
+    let mut next: [Option<Option<usize>>; 2] = [None; 2];
+    loop {
+        for (name, place) in names.iter().zip(next.iter_mut()) {
+            let stale = match *place {
+                None => true,
+                Some(Some(at)) => at < search,
+                Some(None) => false,
+            };
+            if stale {
+                *place = Some(lower[search..].find(name).map(|at| search + at));
+            }
+        }
+        let Some((start, len)) = names
+            .iter()
+            .zip(next)
+            .filter_map(|(name, at)| at.flatten().map(|at| (at, name.len())))
+            .min()
+        else {
+            break;
+        };
         let after_name = start + len;
         search = after_name;
         let rest = &text[after_name..];

@@ -261,3 +261,18 @@ fn modes() {
     assert!("all".parse::<ArgvRecord>().is_err());
     assert_eq!(ArgvRecord::default(), ArgvRecord::Redacted);
 }
+
+#[test]
+fn a_long_argv_is_redacted_whole_then_cut() {
+    // 128 KiB (the largest exec body's argv) of forms, words and names.
+    let script = format!(
+        "{} {} {}",
+        "authorization ".repeat(3000),
+        format!("-H 'Cookie: {SECRET}' ").repeat(2000),
+        "x".repeat(40_000)
+    );
+    let out = redacted(&["sh", "-c", &script]);
+    assert!(!out.join(" ").contains(SECRET));
+    let kept = Argv::given(args(&["sh", "-c", &script])).kept(ArgvRecord::Redacted);
+    assert!(kept.cut && kept.line().len() <= MAX_ARGV_BYTES + 8);
+}
