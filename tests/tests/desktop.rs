@@ -144,11 +144,31 @@ async fn the_desktop_has_a_taskbar_and_chromium_keeps_its_sandbox() -> Result<()
     let guest = Guest::for_computer(id);
     let result = async {
         // ---- the taskbar, as the status reports it and X has it ---------
+        // Readiness does not wait for the taskbar, but the first screenshot
+        // after ready shows it: its band in the taskbar's colours, the bare
+        // desktop right above it.
+        let first = api.screenshot(id).await?;
         let status = api.get(id).await?;
         let Some(height) = status.taskbar_height else {
-            bail!("a ready desktop reports no taskbar_height: {status:?}");
+            bail!("a desktop with its first screenshot taken reports no taskbar_height: {status:?}");
         };
         ensure!((16..=64).contains(&height), "taskbar_height {height}");
+        let band = png_pixel(&first, 640, SCREEN_HEIGHT - height / 2);
+        let above = png_pixel(&first, 640, SCREEN_HEIGHT - height - 4);
+        ensure!(
+            band.is_some() && band != Some(DESKTOP_RGB) && band != Some([0, 0, 0]),
+            "the first screenshot after ready has no taskbar: {band:?} in its band"
+        );
+        ensure!(
+            above == Some(DESKTOP_RGB),
+            "above the band the bare desktop shows, not {above:?}"
+        );
+        save("desktop-first-screenshot.png", &first)?;
+        let phases = status.start_phases.context("a running desktop's start phases")?;
+        ensure!(
+            phases.ready_ms.is_some() && phases.taskbar_ms.is_some(),
+            "start phases: {phases:?}"
+        );
         let ps = guest_ps(&guest).await?;
         for program in ["tint2 -c /etc/dormouse/tint2rc", "openbox"] {
             let runs: Vec<_> = ps.iter().filter(|(_, a)| a.starts_with(program)).collect();

@@ -455,11 +455,6 @@ async fn run_once(
     pid_tx: &watch::Sender<Option<u32>>,
 ) -> Attempt {
     let config = &ctx.config;
-    if spec.kind == ServiceKind::Taskbar {
-        if let Err(e) = readiness::name_desktops(config).await {
-            tracing::warn!(service = spec.name, error = %e, "desktops not named before the taskbar");
-        }
-    }
     let mut cmd = desktop_command(config, &spec.program);
     cmd.args(&spec.args)
         .stdin(Stdio::null())

@@ -10,7 +10,8 @@
 //!   confirmed by reading the RFB banner on loopback.
 //! - Taskbar: the window manager's work area (`_NET_WORKAREA` on the root)
 //!   ending above the bottom of the screen, i.e. the taskbar's strut was
-//!   honoured; awaited as `PropertyNotify` events like the manager's check.
+//!   honoured; awaited as `PropertyNotify` events like the manager's check;
+//!   then its band drawn (not all black).
 //!
 //! Each future here may be dropped at any time (the service exited, a stop
 //! came, the bound passed) and leaves nothing behind: a blocking X wait is
@@ -22,7 +23,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use x11rb::connection::Connection as _;
-use x11rb::protocol::xproto::{AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
+use x11rb::protocol::xproto::{
+    AtomEnum, ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat,
+};
 use x11rb::protocol::Event;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
@@ -221,6 +224,7 @@ fn wait_for_band(conn: &RustConnection) -> Result<u32, String> {
             // The taskbar's start can leave the root without its colour
             // (black wherever the root is next exposed): paint it again.
             paint_root_background(conn, root);
+            wait_for_paint(conn, root, height.saturating_sub(band / 2));
             return Ok(band);
         }
         loop {
@@ -229,6 +233,35 @@ fn wait_for_band(conn: &RustConnection) -> Result<u32, String> {
                 _ => {}
             }
         }
+    }
+}
+
+/// How long a taskbar whose band is kept may take to draw itself before it
+/// counts as ready anyway (a blank panel still works).
+const PAINT_GRACE: Duration = Duration::from_millis(1500);
+
+/// Waits, within [`PAINT_GRACE`], until row `y` of the screen is no longer
+/// all black: the taskbar has drawn itself into its band (its window is
+/// mapped before it is painted, and a screenshot in between shows a black
+/// band).
+fn wait_for_paint(conn: &RustConnection, root: u32, y: u32) {
+    let Ok(screen) = x_client::screen(conn, 0) else {
+        return;
+    };
+    let (width, Ok(y)) = (screen.width_in_pixels, i16::try_from(y)) else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + PAINT_GRACE;
+    loop {
+        let drawn = conn
+            .get_image(ImageFormat::Z_PIXMAP, root, 0, y, width, 1, u32::MAX)
+            .ok()
+            .and_then(|cookie| cookie.reply().ok())
+            .is_none_or(|image| image.data.iter().any(|b| *b != 0));
+        if drawn || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

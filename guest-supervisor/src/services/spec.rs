@@ -23,10 +23,11 @@ impl ServiceKind {
     /// Whether this service waits for an earlier service of kind `earlier`
     /// to run before it starts. The window manager and the VNC server need
     /// only X (they are X clients of their own), so they start side by side
-    /// once X answers; the taskbar needs the window manager too (a tint2
-    /// that maps its panel while openbox starts up is never managed, so its
-    /// band is never reserved: seen on every start); a browser needs the
-    /// rest of the desktop. Readiness does not wait for the taskbar.
+    /// once X answers; the taskbar needs the window manager too (its band
+    /// is reserved by the manager's work area, and a tint2 that maps its
+    /// panel while openbox is still starting up is never managed); a
+    /// browser needs the rest of the desktop. Readiness does not wait for
+    /// the taskbar.
     pub fn waits_for(self, earlier: ServiceKind) -> bool {
         match self {
             Self::Display => false,

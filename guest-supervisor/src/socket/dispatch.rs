@@ -30,8 +30,10 @@ use crate::status::{QuiesceRequest, StatusCell};
 const QUIESCE_GRACE: Duration = Duration::from_millis(250);
 /// Longest a screenshot or an action batch waits for a service that comes
 /// up after ready (the taskbar) to finish coming up, so that the first
-/// screenshot after ready shows it (it takes a few hundred milliseconds).
-const SETTLE_BOUND: Duration = Duration::from_secs(1);
+/// screenshot after ready shows it: a few hundred milliseconds on a resume,
+/// over a second on a container's first start (cold caches). Well inside
+/// a batch's own bound (`RUN_BOUND_BASE` is 10 s).
+const SETTLE_BOUND: Duration = Duration::from_secs(3);
 
 /// The supervisor's service: what every connection shares.
 #[derive(Debug)]
