@@ -101,7 +101,12 @@ pub(crate) async fn run(
         FilesCommand::Cp { src, dst } => crate::cp::run(client, &src, &dst, json, out).await,
         FilesCommand::Files { id, path } => {
             let id = resolve(client, &id).await?;
-            match client.fetch(id, &path).await? {
+            // A file's bytes are not wanted: none of them is read.
+            let fetched = match client.fetch_within(id, &path, 0).await {
+                Err(dormouse_client::Error::TooLarge { .. }) => Fetched::File(Vec::new()),
+                other => other?,
+            };
+            match fetched {
                 Fetched::Dir(listing) if json => print_json(out, &listing),
                 Fetched::Dir(listing) => {
                     for e in &listing.entries {

@@ -47,6 +47,7 @@ pub async fn events(
     Ok(upgrade
         .protocols([EVENTS_SUBPROTOCOL])
         .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
         .on_upgrade(move |socket| relay(socket, state)))
 }
 
