@@ -22,9 +22,8 @@ use std::time::{Duration, Instant};
 use super::headers::Mtime;
 use super::{ImportLimits, Refusal};
 
-/// What the memory budget charges for one kept item besides its bytes:
-/// allocator headers, the hash table's slot (with the slack of its growth)
-/// or a listing's `OsString`.
+/// What the memory budget charges for one name of a directory listing
+/// besides its bytes: its `OsString`, the allocator's header and rounding.
 pub(crate) const ITEM_OVERHEAD: u64 = 48;
 
 /// Size of one chunk of a [`DirTimes`]: the unit it is charged in.
@@ -188,16 +187,29 @@ fn read_time(data: &[u8]) -> Mtime {
 /// An export's files with more than one name, by inode (the export never
 /// leaves the workspace's filesystem, so the inode alone names one): the
 /// name written first, and how many names are still to come. An entry is
-/// dropped (and its bytes given back) when its last name was met.
+/// dropped (and its name's bytes given back) when its last name was met.
+/// The hash table is charged by its capacity, old and new table together
+/// while it grows.
 #[derive(Debug, Default)]
 pub(crate) struct FirstNames {
-    names: HashMap<u64, (Box<[u8]>, u64)>,
+    names: HashMap<u64, (Box<[u8]>, u32)>,
+    /// What the table is charged for now.
+    table: u64,
 }
 
 impl FirstNames {
-    /// What one kept name costs.
+    /// What one kept name costs on the heap: its bytes rounded up to the
+    /// allocator's 16, and the allocator's header.
     fn cost(path: &[u8]) -> u64 {
-        len64(path.len()) + ITEM_OVERHEAD
+        len64(path.len()).div_ceil(16) * 16 + 16
+    }
+
+    /// What a table of `capacity` entries takes: buckets of an entry and a
+    /// control byte each, at most 7/8 of them used.
+    fn table_bytes(capacity: usize) -> u64 {
+        let entry = std::mem::size_of::<(u64, (Box<[u8]>, u32))>() + 1;
+        let buckets = (capacity.saturating_mul(8) / 7).max(1).next_power_of_two();
+        len64(buckets.saturating_mul(entry))
     }
 
     /// Keeps `path` as the first of the `links` names of inode `ino`.
@@ -208,8 +220,18 @@ impl FirstNames {
         links: impl Into<u64>,
         budget: &mut Budget,
     ) -> Result<(), OverBudget> {
+        if self.names.len() == self.names.capacity() {
+            // Grown by hand, so the new table is charged before it exists
+            // (the old one is freed only once the new one is filled).
+            let want = self.names.capacity().saturating_mul(2).max(1024);
+            let next = Self::table_bytes(want);
+            budget.charge(next)?;
+            self.names.reserve(want - self.names.len());
+            budget.release(self.table);
+            self.table = next;
+        }
         budget.charge(Self::cost(path))?;
-        let left = links.into().saturating_sub(1);
+        let left = u32::try_from(links.into().saturating_sub(1)).unwrap_or(u32::MAX);
         if let Some((old, _)) = self.names.insert(ino, (path.into(), left)) {
             budget.release(Self::cost(&old));
         }
@@ -222,7 +244,7 @@ impl FirstNames {
     }
 
     /// Counts one more name of `ino` as met; after its last the entry is
-    /// dropped and its bytes given back.
+    /// dropped and its name's bytes given back.
     pub(crate) fn met(&mut self, ino: u64, budget: &mut Budget) {
         let Some((_, left)) = self.names.get_mut(&ino) else {
             return;
@@ -347,21 +369,21 @@ mod tests {
 
     #[test]
     fn first_names_are_given_back_when_every_name_was_met() {
-        let mut budget = Budget::new(1000);
+        let mut budget = Budget::new(1 << 20);
         let mut names = FirstNames::default();
         names.insert(7, b"a/one", 3u64, &mut budget).unwrap();
-        let cost = 5 + ITEM_OVERHEAD;
-        assert_eq!(budget.left(), 1000 - cost);
+        let table = FirstNames::table_bytes(1024);
+        assert_eq!(budget.left(), (1 << 20) - table - 32);
         assert_eq!(names.first(7), Some(&b"a/one"[..]));
         names.met(7, &mut budget);
-        assert_eq!(budget.left(), 1000 - cost);
+        assert_eq!(budget.left(), (1 << 20) - table - 32);
         names.met(7, &mut budget);
-        assert_eq!(budget.left(), 1000);
+        assert_eq!(budget.left(), (1 << 20) - table);
         assert_eq!(names.first(7), None);
-        let big = vec![b'x'; 1000];
+        let big = vec![b'x'; 1 << 20];
         assert_eq!(
             names.insert(8, &big, 2u64, &mut budget),
-            Err(OverBudget(1000))
+            Err(OverBudget(1 << 20))
         );
     }
 
