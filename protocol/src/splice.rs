@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
 use nix::sys::socket::{recv, send, setsockopt, shutdown, sockopt, MsgFlags, Shutdown};
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
@@ -98,19 +99,20 @@ pub trait CloseOff: Send + Sync {
 
 /// A TCP socket a guest handed over: shared with the guest, so only ever
 /// `recv`'d and `send`'d without waiting, never spliced, never read or
-/// written plainly, and closed by its [`CloseOff`] when dropped. The
-/// runtime's TCP type holds it for its registration alone; none of that
-/// type's own reads and writes is ever called.
+/// written plainly, and closed by its [`CloseOff`] when dropped. It is
+/// registered with the runtime as a bare descriptor: the runtime's socket
+/// types insist on `O_NONBLOCK` when they take one, a flag the guest may
+/// clear at any moment, and nothing here depends on it.
 pub struct HandedSocket {
     /// Always `Some` until dropped.
-    socket: Option<TcpStream>,
+    fd: Option<AsyncFd<OwnedFd>>,
     closer: Arc<dyn CloseOff>,
 }
 
 impl std::fmt::Debug for HandedSocket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HandedSocket")
-            .field("fd", &self.socket.as_ref().map(AsRawFd::as_raw_fd))
+            .field("fd", &self.fd.as_ref().map(|fd| fd.get_ref().as_raw_fd()))
             .finish_non_exhaustive()
     }
 }
@@ -119,27 +121,26 @@ impl HandedSocket {
     /// Registers `fd` (a connected TCP socket) with the runtime; `closer`
     /// closes it when it is dropped, or at once if it cannot be registered.
     pub fn new(fd: OwnedFd, closer: Arc<dyn CloseOff>) -> io::Result<Self> {
-        // A failed registration closes what it was given: a second
-        // descriptor of ours keeps that close from being the last one.
-        let spare = fd.try_clone()?;
-        match TcpStream::from_std(std::net::TcpStream::from(fd)) {
-            Ok(socket) => {
-                // Not the last descriptor either: the registered one lives.
-                drop(spare);
-                Ok(Self {
-                    socket: Some(socket),
-                    closer,
-                })
-            }
+        // Deprecated for descriptors a type may swap under the runtime; an
+        // `OwnedFd` keeps its one descriptor for as long as it lives, which
+        // is what the unsafe constructor asks to be promised.
+        #[allow(deprecated)]
+        let registered = AsyncFd::try_with_interest(fd, Interest::READABLE | Interest::WRITABLE);
+        match registered {
+            Ok(fd) => Ok(Self {
+                fd: Some(fd),
+                closer,
+            }),
             Err(e) => {
-                closer.close_off(spare);
-                Err(e)
+                let (fd, cause) = e.into_parts();
+                closer.close_off(fd);
+                Err(cause)
             }
         }
     }
 
-    fn registered(&self) -> io::Result<&TcpStream> {
-        self.socket
+    fn registered(&self) -> io::Result<&AsyncFd<OwnedFd>> {
+        self.fd
             .as_ref()
             .ok_or_else(|| io::Error::other("the handed socket is closed"))
     }
@@ -147,7 +148,11 @@ impl HandedSocket {
     /// Sets `TCP_NODELAY` (a flag the guest may change again; only latency
     /// depends on it).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        Ok(setsockopt(self.registered()?, sockopt::TcpNoDelay, &on)?)
+        Ok(setsockopt(
+            self.registered()?.get_ref(),
+            sockopt::TcpNoDelay,
+            &on,
+        )?)
     }
 }
 
@@ -157,8 +162,9 @@ impl SpliceSocket for HandedSocket {
         interest: Interest,
         mut call: impl FnMut(BorrowedFd<'_>) -> io::Result<R> + Send,
     ) -> io::Result<R> {
-        let socket = self.registered()?;
-        socket.async_io(interest, || call(socket.as_fd())).await
+        self.registered()?
+            .async_io(interest, |fd| call(fd.as_fd()))
+            .await
     }
 
     fn shared(&self) -> bool {
@@ -166,29 +172,17 @@ impl SpliceSocket for HandedSocket {
     }
 
     fn shut_write(&self) {
-        if let Some(socket) = &self.socket {
-            let _ = shutdown(socket.as_raw_fd(), Shutdown::Write);
+        if let Some(fd) = &self.fd {
+            let _ = shutdown(fd.get_ref().as_raw_fd(), Shutdown::Write);
         }
     }
 }
 
 impl Drop for HandedSocket {
     fn drop(&mut self) {
-        let Some(socket) = self.socket.take() else {
-            return;
-        };
-        // Deregistering closes the socket when it fails (a runtime shutting
-        // down): a spare descriptor keeps every close here from being the
-        // last one, and the spare is what goes to the closer.
-        let spare = socket.as_fd().try_clone_to_owned();
-        let registered = socket.into_std();
-        match (spare, registered) {
-            (Ok(spare), registered) => {
-                drop(registered);
-                self.closer.close_off(spare);
-            }
-            (Err(_), Ok(socket)) => self.closer.close_off(OwnedFd::from(socket)),
-            (Err(_), Err(_)) => {}
+        if let Some(fd) = self.fd.take() {
+            // Deregisters (never closes) and gives the descriptor back.
+            self.closer.close_off(fd.into_inner());
         }
     }
 }
@@ -379,13 +373,14 @@ mod tests {
         let (program, proxy) = tcp_pair().await;
         let guest_copy = proxy.as_fd().try_clone_to_owned().unwrap();
         let fd = proxy.into_std().unwrap();
+        // The guest's flags are the socket's: blocking already when it is
+        // handed over, and the relay must still take it.
+        fcntl(&guest_copy, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
         let kept = Arc::new(Kept::default());
         let handed = HandedSocket::new(OwnedFd::from(fd), kept.clone()).unwrap();
         assert!(handed.shared());
         handed.set_nodelay(true).unwrap();
-        // The guest's flags are the socket's: blocking from now on.
-        fcntl(&guest_copy, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
-        let flags = fcntl(handed.socket.as_ref().unwrap(), FcntlArg::F_GETFL).unwrap();
+        let flags = fcntl(handed.fd.as_ref().unwrap().get_ref(), FcntlArg::F_GETFL).unwrap();
         assert_eq!(flags & OFlag::O_NONBLOCK.bits(), 0, "shared description");
         let (relay_far, mut far) = UnixStream::pair().unwrap();
         let up = AtomicU64::new(0);

@@ -20,6 +20,7 @@ pub mod desk;
 pub mod engine;
 pub mod frames;
 pub mod guest;
+pub mod handover;
 pub mod hostile;
 pub mod latency;
 pub mod markers;
