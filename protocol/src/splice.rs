@@ -93,8 +93,14 @@ splice_socket!(UnixStream);
 /// it (a last close of a lingering socket blocks for as long as its
 /// linger, which the guest sets).
 pub trait CloseOff: Send + Sync {
-    /// Takes `fd` to close it somewhere that may block.
+    /// Takes `fd` to close it somewhere that may block, abortively (any
+    /// unsent bytes dropped).
     fn close_off(&self, fd: OwnedFd);
+    /// Takes `fd` to close it somewhere that may block, its unsent bytes
+    /// still delivered: the end of a relay that carried everything.
+    fn close_off_gracefully(&self, fd: OwnedFd) {
+        self.close_off(fd);
+    }
 }
 
 /// A TCP socket a guest handed over: shared with the guest, so only ever
@@ -107,6 +113,8 @@ pub struct HandedSocket {
     /// Always `Some` until dropped.
     fd: Option<AsyncFd<OwnedFd>>,
     closer: Arc<dyn CloseOff>,
+    /// Closed gracefully when dropped ([`HandedSocket::ended_cleanly`]).
+    clean: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for HandedSocket {
@@ -130,6 +138,7 @@ impl HandedSocket {
             Ok(fd) => Ok(Self {
                 fd: Some(fd),
                 closer,
+                clean: std::sync::atomic::AtomicBool::new(false),
             }),
             Err(e) => {
                 let (fd, cause) = e.into_parts();
@@ -143,6 +152,13 @@ impl HandedSocket {
         self.fd
             .as_ref()
             .ok_or_else(|| io::Error::other("the handed socket is closed"))
+    }
+
+    /// Marks the relay as ended with both streams carried to their end:
+    /// the socket is closed gracefully then, so that bytes still in its
+    /// send queue reach the program (else abortively).
+    pub fn ended_cleanly(&self) {
+        self.clean.store(true, Ordering::Relaxed);
     }
 
     /// Sets `TCP_NODELAY` (a flag the guest may change again; only latency
@@ -182,7 +198,12 @@ impl Drop for HandedSocket {
     fn drop(&mut self) {
         if let Some(fd) = self.fd.take() {
             // Deregisters (never closes) and gives the descriptor back.
-            self.closer.close_off(fd.into_inner());
+            let fd = fd.into_inner();
+            if self.clean.load(Ordering::Relaxed) {
+                self.closer.close_off_gracefully(fd);
+            } else {
+                self.closer.close_off(fd);
+            }
         }
     }
 }

@@ -2,6 +2,10 @@
 //! bounded pool of threads of its own that set `SO_LINGER {1, 0}`, shut
 //! the socket down both ways, then close it.
 //!
+//! A relay that carried both streams to their end closes gracefully
+//! instead ([`graceful_close`]: no linger, the write side shut down), so
+//! that what is still queued reaches the program.
+//!
 //! A handed socket's file description is shared with the guest, which may
 //! set a long linger on it at any moment; the last close of a lingering
 //! socket with unsent bytes waits out the linger. So a close here may
@@ -36,7 +40,8 @@ pub const MAX_PENDING: usize = 64;
 /// How long a closer thread waits for work before it ends.
 pub const IDLE_EXIT: Duration = Duration::from_secs(10);
 
-/// How a descriptor is closed (the abortive close, or a test's own).
+/// How a descriptor is closed abortively (the abortive close, or a
+/// test's own).
 pub type CloseFn = Arc<dyn Fn(OwnedFd) + Send + Sync>;
 
 /// What the pool reports: one stalled close of a desktop.
@@ -80,7 +85,8 @@ struct State {
 
 #[derive(Default)]
 struct DeskCloses {
-    waiting: VecDeque<OwnedFd>,
+    /// Descriptors to close, each with whether gracefully.
+    waiting: VecDeque<(OwnedFd, bool)>,
     /// Closes running now: their job, since when, and whether the stall
     /// was counted already.
     running: Vec<(u64, Instant, bool)>,
@@ -106,6 +112,16 @@ impl Inner {
 pub fn abortive_close(fd: OwnedFd) {
     let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(Duration::ZERO));
     let _ = rustix::net::shutdown(&fd, rustix::net::Shutdown::Both);
+    drop(fd);
+}
+
+/// The close of a relay that carried both streams to their end: no linger,
+/// so that the close returns at once and the kernel still delivers what
+/// is queued, then the end of the stream. (A guest that sets a linger
+/// again in between stalls this thread only, counted.)
+pub fn graceful_close(fd: OwnedFd) {
+    let _ = rustix::net::sockopt::set_socket_linger(&fd, None);
+    let _ = rustix::net::shutdown(&fd, rustix::net::Shutdown::Write);
     drop(fd);
 }
 
@@ -141,10 +157,10 @@ impl ClosePool {
         self.inner.lock().threads
     }
 
-    fn submit(&self, computer: Uuid, fd: OwnedFd) {
+    fn submit(&self, computer: Uuid, fd: OwnedFd, graceful: bool) {
         let mut st = self.inner.lock();
         let desk = st.desks.entry(computer).or_default();
-        desk.waiting.push_back(fd);
+        desk.waiting.push_back((fd, graceful));
         let turn = !desk.in_ready && desk.running.len() < PER_DESKTOP;
         if turn {
             desk.in_ready = true;
@@ -202,13 +218,17 @@ fn kick(inner: &Arc<Inner>, st: &mut State) {
 fn work(inner: &Arc<Inner>) {
     let mut st = inner.lock();
     loop {
-        if let Some((computer, job, fd, again)) = take(&mut st) {
+        if let Some((computer, job, (fd, graceful), again)) = take(&mut st) {
             if again {
                 kick(inner, &mut st);
             }
             drop(st);
             let started = Instant::now();
-            (inner.close)(fd);
+            if graceful {
+                graceful_close(fd);
+            } else {
+                (inner.close)(fd);
+            }
             let took = started.elapsed();
             st = inner.lock();
             let counted = finish(&mut st, computer, job);
@@ -237,7 +257,7 @@ fn work(inner: &Arc<Inner>) {
 
 /// The next close in turn: (computer, job, descriptor, whether the
 /// desktop was put in turn again).
-fn take(st: &mut State) -> Option<(Uuid, u64, OwnedFd, bool)> {
+fn take(st: &mut State) -> Option<(Uuid, u64, (OwnedFd, bool), bool)> {
     while let Some(computer) = st.ready.pop_front() {
         let job = st.next_job;
         let Some(desk) = st.desks.get_mut(&computer) else {
@@ -288,9 +308,14 @@ pub struct Closer {
 }
 
 impl Closer {
-    /// Queues `fd` to be closed; never waits.
+    /// Queues `fd` to be closed abortively; never waits.
     pub fn close(&self, fd: OwnedFd) {
-        self.pool.submit(self.computer, fd);
+        self.pool.submit(self.computer, fd, false);
+    }
+
+    /// Queues `fd` to be closed gracefully ([`graceful_close`]); never waits.
+    pub fn close_gracefully(&self, fd: OwnedFd) {
+        self.pool.submit(self.computer, fd, true);
     }
 
     /// This computer's closes not done yet.
@@ -314,6 +339,9 @@ impl Closer {
 impl CloseOff for Closer {
     fn close_off(&self, fd: OwnedFd) {
         self.close(fd);
+    }
+    fn close_off_gracefully(&self, fd: OwnedFd) {
+        self.close_gracefully(fd);
     }
 }
 

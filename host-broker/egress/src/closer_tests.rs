@@ -151,3 +151,28 @@ fn a_stalling_desktop_holds_its_own_turns_only_and_is_counted() {
     assert_eq!(stalls.load(Ordering::Relaxed), MAX_PENDING);
     assert!(hostile.refusal().is_none(), "admitted again once closed");
 }
+
+#[test]
+fn a_graceful_close_still_delivers_what_is_queued() {
+    let (mut peer, ours) = tcp_pair();
+    ours.set_nonblocking(true).expect("nonblocking");
+    let chunk = [7u8; 65536];
+    let mut queued = 0;
+    loop {
+        match (&ours).write(&chunk) {
+            Ok(n) => queued += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (stalled, stalls) = counting();
+    let pool = ClosePool::new(stalled);
+    pool.closer(Uuid::new_v4())
+        .close_gracefully(OwnedFd::from(ours));
+    peer.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).expect("an orderly end");
+    assert_eq!(got.len(), queued, "every queued byte arrives");
+    assert_eq!(stalls.load(Ordering::Relaxed), 0);
+}

@@ -305,6 +305,11 @@ async fn pipe<G: GuestStream>(
         end = watch_policy(desk, dest, addr.ip(), addr.port()) => end,
         () = watch_idle(desk, &up, &down) => EgressEnd::Idle,
     };
+    if end == EgressEnd::Closed {
+        if let Side::Program(program) = &client {
+            program.ended_cleanly();
+        }
+    }
     let (u, d) = totals();
     (end, u, d)
 }
