@@ -162,18 +162,25 @@ impl StatusCell {
     }
 
     /// Waits, at most `bound`, until no service readiness does not wait
-    /// for is still on its way up (pending or starting), so that what a
-    /// caller sees next (a screenshot) shows it.
+    /// for is still on its way up (pending or starting while every needed
+    /// service runs: one held back by a failed window manager is not on
+    /// its way), so that what a caller sees next (a screenshot) shows it.
     pub async fn settled(&self, bound: Duration) {
         let mut rx = self.subscribe();
         let on_its_way = |i: &Inputs| {
-            i.services.iter().any(|s| {
-                i.after_ready.contains(&s.name)
-                    && matches!(
+            let later = |s: &&ServiceState| i.after_ready.contains(&s.name);
+            let needed_run = i
+                .services
+                .iter()
+                .filter(|s| !later(s))
+                .all(|s| s.state == ServiceRunState::Running);
+            needed_run
+                && i.services.iter().filter(later).any(|s| {
+                    matches!(
                         s.state,
                         ServiceRunState::Pending | ServiceRunState::Starting
                     )
-            })
+                })
         };
         let wait = async {
             while on_its_way(&self.lock()) {
@@ -418,6 +425,18 @@ mod tests {
         let status = cell.snapshot();
         assert!(status.ready);
         assert!(status.start_phases.taskbar_ms >= status.start_phases.prepared_ms);
+
+        // Held back by a needed service that is down, it is not on its way.
+        let down = service("xvfb", ServiceRunState::Backoff, 10);
+        cell.set_services(vec![down, starting.clone()], None);
+        let t = Instant::now();
+        cell.settled(Duration::from_secs(10)).await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let x = service("xvfb", ServiceRunState::Running, 10);
+        cell.set_services(
+            vec![x, service("taskbar", ServiceRunState::Running, 11)],
+            None,
+        );
 
         // Without one on its way, nothing waits; a first figure is kept.
         let t = Instant::now();
