@@ -55,6 +55,14 @@ struct Inputs {
     phases: StartPhases,
 }
 
+impl Inputs {
+    /// Whether readiness waits for `service` (it is not one of
+    /// [`Inputs::after_ready`]).
+    fn needed(&self, service: &ServiceState) -> bool {
+        !self.after_ready.contains(&service.name)
+    }
+}
+
 /// Shared, cheaply clonable handle to the supervisor's status.
 #[derive(Debug, Clone)]
 pub struct StatusCell {
@@ -134,11 +142,7 @@ impl StatusCell {
     /// The services readiness waits for, of `services`.
     pub fn needed(&self, services: &[ServiceState]) -> Vec<ServiceState> {
         let i = self.lock();
-        services
-            .iter()
-            .filter(|s| !i.after_ready.contains(&s.name))
-            .cloned()
-            .collect()
+        services.iter().filter(|s| i.needed(s)).cloned().collect()
     }
 
     /// Records that `step` of this container start just ended (only its
@@ -168,14 +172,11 @@ impl StatusCell {
     pub async fn settled(&self, bound: Duration) {
         let mut rx = self.subscribe();
         let on_its_way = |i: &Inputs| {
-            let later = |s: &&ServiceState| i.after_ready.contains(&s.name);
-            let needed_run = i
-                .services
+            i.services
                 .iter()
-                .filter(|s| !later(s))
-                .all(|s| s.state == ServiceRunState::Running);
-            needed_run
-                && i.services.iter().filter(later).any(|s| {
+                .filter(|s| i.needed(s))
+                .all(|s| s.state == ServiceRunState::Running)
+                && i.services.iter().filter(|s| !i.needed(s)).any(|s| {
                     matches!(
                         s.state,
                         ServiceRunState::Pending | ServiceRunState::Starting
@@ -196,7 +197,7 @@ impl StatusCell {
     /// or pid starts a new epoch, so the next probe must pass again.
     pub fn set_services(&self, services: Vec<ServiceState>, problem: Option<String>) {
         self.update(|i| {
-            let needed = |s: &&ServiceState| !i.after_ready.contains(&s.name);
+            let needed = |s: &&ServiceState| i.needed(s);
             let changed = i.services.iter().filter(needed).count()
                 != services.iter().filter(needed).count()
                 || i.services
@@ -257,7 +258,7 @@ fn derive(identity: &ContainerStartIdentity, i: &Inputs) -> GuestStatus {
     let all_running = !i.services.is_empty()
         && i.services
             .iter()
-            .filter(|s| !i.after_ready.contains(&s.name))
+            .filter(|s| i.needed(s))
             .all(|s| s.state == ServiceRunState::Running);
     let any_failed = i
         .services

@@ -120,8 +120,21 @@ fn print_times(
             "supervisor: prepare, services, probe",
         ),
     ];
-    // The supervisor's own clock: when each phase of a start ended.
-    for (name, samples) in &d.phases {
+    // The supervisor's own clock: when each phase of a start ended, in the
+    // order a start takes them.
+    let in_order = [
+        "prepared",
+        "proxy",
+        "x",
+        "vnc",
+        "window_manager",
+        "ready",
+        "taskbar",
+    ];
+    for (name, samples) in in_order
+        .iter()
+        .filter_map(|name| d.phases.get(name).map(|s| (name, s)))
+    {
         rows.push(Row::new(
             &format!("    supervisor: {name} done"),
             samples.clone(),
